@@ -1,0 +1,326 @@
+"""Pipeline configuration: frozen pydantic models loaded from one YAML file per pipeline."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DEFAULT_ROOT = "./.tfdag"
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key path, source, value and fix."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+
+
+class DataFormat(str, enum.Enum):
+    AUTO = "auto"
+    CSV = "csv"
+    PARQUET = "parquet"
+    JSONL = "jsonl"
+    NPZ = "npz"
+
+
+class OnBadRecord(str, enum.Enum):
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+class Compression(str, enum.Enum):
+    NONE = "none"
+    GZIP = "gzip"
+
+
+class Strategy(str, enum.Enum):
+    AUTO = "auto"
+    DEFAULT = "default"
+    ONE_DEVICE = "one_device"
+    MIRRORED = "mirrored"
+    MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
+    PARAMETER_SERVER = "parameter_server"
+    TPU = "tpu"
+
+
+class LrScaling(str, enum.Enum):
+    LINEAR = "linear"
+    SQRT = "sqrt"
+    NONE = "none"
+
+
+class Collective(str, enum.Enum):
+    AUTO = "auto"
+    RING = "ring"
+    NCCL = "nccl"
+
+
+class AutoShard(str, enum.Enum):
+    AUTO = "auto"  # FILE when the files balance over the workers, else DATA
+    FILE = "file"
+    DATA = "data"
+
+
+class Task(str, enum.Enum):
+    CLASSIFICATION = "classification"
+    REGRESSION = "regression"
+
+
+class Direction(str, enum.Enum):
+    MAX = "max"
+    MIN = "min"
+
+
+class SplitConfig(_Frozen):
+    """Deterministic hash split of rows into train and eval."""
+
+    eval_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    seed: int = 0
+    key_columns: tuple[str, ...] | None = None  # None: hash the whole row
+
+
+class DataConfig(_Frozen):
+    source: str  # fsspec URI or glob
+    format: DataFormat = DataFormat.AUTO
+    label: str
+    features: tuple[str, ...] | None = None  # None: every column but the label
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    split: SplitConfig = SplitConfig()
+    target_shard_mb: float = Field(8.0, gt=0.0)
+    compression: Compression = Compression.NONE
+    on_bad_record: OnBadRecord = OnBadRecord.FAIL
+    csv_delimiter: str = ","
+    read_chunk_rows: int = Field(65536, ge=1)
+
+    @field_validator("source")
+    @classmethod
+    def _source_not_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must be a non-empty fsspec URI or glob, e.g. ./data/*.csv or s3://bucket/raw/*.parquet")
+        return value
+
+
+class ModelConfig(_Frozen):
+    factory: str = "mlp"  # "mlp", "cnn" or "module:function"
+    params: dict[str, Any] = Field(default_factory=dict)
+    task: Task = Task.CLASSIFICATION
+    num_classes: int | None = Field(None, ge=2)  # None: inferred from the label values
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_form(cls, value: str) -> str:
+        if value in ("mlp", "cnn"):
+            return value
+        module, sep, func = value.partition(":")
+        if not sep or not module or not func:
+            raise ValueError("must be 'mlp', 'cnn' or 'package.module:function'")
+        return value
+
+
+class TrainConfig(_Frozen):
+    strategy: Strategy = Strategy.AUTO
+    cpu_replicas: int | None = Field(None, ge=1)
+    workers: int = Field(1, ge=1)
+    parameter_servers: int = Field(0, ge=0)
+    per_replica_batch_size: int = Field(32, ge=1)
+    base_learning_rate: float = Field(1e-3, gt=0.0)
+    lr_scaling: LrScaling = LrScaling.LINEAR
+    warmup_steps: int = Field(0, ge=0)
+    optimizer: Literal["adam", "sgd"] = "adam"
+    epochs: int = Field(5, ge=1)
+    steps: int | None = Field(None, ge=1)  # total steps; overrides epochs
+    steps_per_execution: int = Field(1, ge=1)
+    shuffle: bool = True
+    autoshard: AutoShard = AutoShard.AUTO
+    shuffle_buffer: int = Field(10000, ge=1)
+    seed: int = 42
+    deterministic: bool = False
+    mixed_precision: bool = False
+    checkpoint_every_steps: int = Field(100, ge=1)
+    keep_checkpoints: int = Field(3, ge=1)
+    log_every_steps: int = Field(50, ge=1)
+    communication: Collective = Collective.AUTO
+    gradient_pack_mb: float = Field(0.0, ge=0.0)  # 0: TensorFlow's default packing
+    hang_timeout_s: float = Field(300.0, gt=0.0)
+    max_restarts: int = Field(3, ge=0)
+    restart_backoff_s: float = Field(1.0, ge=0.0)
+    timeout_s: float | None = Field(None, gt=0.0)
+    warm_start_uri: str | None = None
+
+    @model_validator(mode="after")
+    def _combinations(self) -> "TrainConfig":
+        if self.parameter_servers and self.strategy not in (Strategy.PARAMETER_SERVER, Strategy.AUTO):
+            raise ValueError(
+                f"parameter_servers ({self.parameter_servers}) needs strategy 'parameter_server', "
+                f"not '{self.strategy.value}'; set train.strategy: parameter_server or parameter_servers: 0"
+            )
+        if self.strategy == Strategy.PARAMETER_SERVER and self.workers > 1 and self.parameter_servers < 1:
+            raise ValueError(
+                "strategy 'parameter_server' with workers > 1 needs train.parameter_servers ≥ 1"
+            )
+        if self.strategy == Strategy.MULTI_WORKER_MIRRORED and self.parameter_servers:
+            raise ValueError("strategy 'multi_worker_mirrored' cannot use parameter servers; set parameter_servers: 0")
+        return self
+
+
+class GateConfig(_Frozen):
+    metric: str = "accuracy"
+    direction: Direction = Direction.MAX
+    threshold: float | None = None  # the challenger must reach this to be blessed at all
+    min_improvement: float = Field(0.0, ge=0.0)  # over the champion, on `metric`
+
+
+class EvaluationConfig(_Frozen):
+    metrics: tuple[str, ...] = ("loss", "accuracy", "auc")
+    select: Literal["best", "latest"] = "best"
+    gate: GateConfig = GateConfig()
+    # Retrain-only convenience: the gate's margin, also accepted at this level.
+    min_improvement: float | None = Field(None, ge=0.0)
+
+    @field_validator("metrics")
+    @classmethod
+    def _known_metrics(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        allowed = {"loss", "accuracy", "auc", "mae", "rmse", "confusion_matrix"}
+        unknown = [m for m in value if m not in allowed]
+        if unknown:
+            raise ValueError(f"unknown metric(s) {unknown}; allowed: {sorted(allowed)}")
+        return value
+
+    @property
+    def effective_min_improvement(self) -> float:
+        return self.min_improvement if self.min_improvement is not None else self.gate.min_improvement
+
+
+class TrackingConfig(_Frozen):
+    mlflow_uri: str | None = None  # None: sqlite:///<output_root>/mlflow.db
+    experiment: str = "tfdag"
+    registered_model: str | None = None
+    artifact_location: str | None = None  # fsspec/MLflow artifact root for a new experiment
+    enabled: bool = True
+
+
+class PreflightConfig(_Frozen):
+    enabled: bool = True
+    timeout_s: float = Field(60.0, gt=0.0)
+
+
+class PipelineConfig(_Frozen):
+    name: str = "pipeline"
+    data: DataConfig
+    output_root: str = DEFAULT_ROOT
+    storage_options: dict[str, Any] = Field(default_factory=dict)  # for output_root
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    preflight: PreflightConfig = PreflightConfig()
+
+    @property
+    def mlflow_uri(self) -> str:
+        """The MLflow tracking URI; by default a sqlite store inside a local output_root."""
+        if self.tracking.mlflow_uri:
+            return self.tracking.mlflow_uri
+        root = self.output_root
+        if "://" in root and not root.startswith("file://"):
+            root = DEFAULT_ROOT
+        root = root.removeprefix("file://")
+        return f"sqlite:///{os.path.abspath(os.path.join(root, 'mlflow.db'))}"
+
+    def config_hash(self) -> str:
+        """Stable sha256 of the configuration, secrets included only as hashed input."""
+        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(payload).hexdigest()
+
+
+def _format_value(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    """The field names allowed at the parent of `loc`, for unknown-key errors."""
+    current: Any = model
+    for part in loc[:-1]:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return None
+        annotation = field.annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        current = next(
+            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
+        )
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return sorted(current.model_fields)
+    return None
+
+
+def format_validation_error(error: ValidationError, source: str) -> str:
+    """One line per problem: key path, source, bad value and what is allowed."""
+    lines = []
+    for item in error.errors():
+        loc = tuple(p for p in item["loc"] if not str(p).startswith("function-"))
+        path = ".".join(str(p) for p in loc) or "<top level>"
+        value = item.get("input")
+        kind = item["type"]
+        if kind == "extra_forbidden":
+            allowed = _allowed_keys(PipelineConfig, loc)
+            hint = f"; allowed keys here: {', '.join(allowed)}" if allowed else ""
+            lines.append(f"{path} in {source} is not a known key{hint}")
+        elif kind == "missing":
+            lines.append(f"{path} in {source} is required but missing")
+        else:
+            msg = item["msg"].removeprefix("Value error, ")
+            lines.append(f"{path} ({_format_value(value)}) in {source}: {msg}")
+    return "invalid configuration:\n  - " + "\n  - ".join(lines)
+
+
+def parse_config(data: dict[str, Any], source: str = "<inline config>") -> PipelineConfig:
+    """Validate a mapping into a PipelineConfig.
+
+    Raises:
+        ConfigError: naming every bad key path, the source, the value and the fix.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source} must hold a YAML mapping at the top level, got {type(data).__name__}")
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error, source)) from None
+
+
+def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
+    """Load one pipeline's YAML file.
+
+    Raises:
+        ConfigError: when the file is missing, is not YAML, or holds an invalid value.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist; pass the path of a pipeline YAML file")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{file.name} is not valid YAML: {error}") from None
+    return parse_config(data if data is not None else {}, source=file.name)
+
+
+def resolve_config(config: "PipelineConfig | dict[str, Any] | str | os.PathLike[str]") -> PipelineConfig:
+    """Accept a config object, an inline mapping, a YAML path, or inline YAML text."""
+    if isinstance(config, PipelineConfig):
+        return config
+    if isinstance(config, dict):
+        return parse_config(config)
+    text = str(config)
+    if "\n" in text or (text.lstrip().startswith("{") and not Path(text).exists()):
+        return parse_config(yaml.safe_load(text) or {}, source="<inline YAML>")
+    return load_config(text)
