@@ -1,0 +1,33 @@
+# tfdag — two commands do all set-up: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench install clean stack-up stack-down
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## Run the whole pipeline on the bundled digits data with embedded defaults (storage under ./.tfdag/).
+demo: $(STAMP)
+	$(BIN)/tfdag run examples/digits.yaml
+	@echo
+	@echo "Open the MLflow UI on this store:"
+	@echo "  $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/.tfdag/mlflow.db --host 127.0.0.1 --port 5000"
+
+## Run the test suite (unit, multi-replica, multi-worker, flow and server tests).
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+## Benchmarks: ratios against baselines measured in the same run; writes bench/results.json.
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf .tfdag $(VENV)

@@ -1,0 +1,234 @@
+"""The `tfdag` command line: the whole pipeline, each stage alone, workers, cluster checks and the local stack."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+DESCRIPTION = """\
+tfdag runs end-to-end TensorFlow training DAGs as Prefect flows:
+TFRecord conversion -> shard planning -> cluster validation -> distributed training
+-> checkpoint consolidation -> evaluation -> MLflow tracking.
+
+  tfdag run examples/digits.yaml          the whole pipeline (a Prefect flow)
+  tfdag run examples/digits.yaml --json   ... and print the summary as JSON on the last line
+  tfdag convert|plan|validate|train|evaluate CONFIG   one stage alone, without Prefect
+  tfdag validate-cluster --strategy multi_worker_mirrored   check TF_CONFIG before training
+  tfdag stack up                          local Prefect + MLflow servers, work pool, worker, deployments
+"""
+
+
+def _default_config() -> str:
+    from flows.pipeline import DEFAULT_CONFIG
+
+    return DEFAULT_CONFIG
+
+
+def _load(path: str | None):
+    from pipeline_lib.config import load_config
+
+    return load_config(path or _default_config())
+
+
+def _prepare_demo_data(config) -> None:
+    """The demo reads the bundled digits CSV; write it on first use (no download)."""
+    from pipeline_lib import demo_data
+
+    if config.data.source.endswith("digits.csv"):
+        demo_data.ensure_digits_csv(config.data.source, config.data.storage_options)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from flows.pipeline import training_pipeline
+
+    config = _load(args.config)
+    _prepare_demo_data(config)
+    summary = training_pipeline(config)
+    metrics = ", ".join(f"{k}: {v:.4f}" for k, v in summary.metrics.items())
+    print(f"\ntfdag | {summary.pipeline} | {metrics}")
+    if summary.model_name:
+        print(f"tfdag | registered model {summary.model_name} version {summary.model_version}")
+    print(f"tfdag | MLflow run {summary.mlflow_run_id} in experiment {summary.experiment!r} ({summary.mlflow_uri})")
+    if summary.mlflow_uri.startswith("sqlite:///"):
+        print(f"tfdag | open the MLflow UI: mlflow ui --backend-store-uri {summary.mlflow_uri} --host 127.0.0.1 --port 5000")
+    if args.json:
+        print(summary.model_dump_json())
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from pipeline_lib import conversion
+
+    config = _load(args.config)
+    _prepare_demo_data(config)
+    manifest = conversion.convert(config.data, config.output_root, config.storage_options)
+    print(json.dumps({
+        "dataset_uri": manifest.dataset_uri,
+        "fingerprint": manifest.fingerprint,
+        "train_records": manifest.num_records("train"),
+        "eval_records": manifest.num_records("eval"),
+        "shards": len(manifest.shards),
+        "bad_records": manifest.num_bad_records,
+    }, indent=2))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from pipeline_lib import conversion, sharding, strategy
+
+    config = _load(args.config)
+    _prepare_demo_data(config)
+    manifest = conversion.convert(config.data, config.output_root, config.storage_options)
+    plan = sharding.plan_shards(
+        manifest,
+        num_workers=args.workers or config.train.workers,
+        replicas_per_worker=strategy.replicas_per_worker(config.train),
+        per_replica_batch_size=config.train.per_replica_batch_size,
+        epochs=config.train.epochs,
+        steps=config.train.steps,
+        policy=config.train.autoshard,
+    )
+    print(sharding.plan_to_markdown(plan))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from pipeline_lib import cluster
+
+    report = cluster.validate_cluster(_load(args.config))
+    print(report.to_markdown())
+    return 0
+
+
+def cmd_validate_cluster(args: argparse.Namespace) -> int:
+    from pipeline_lib import preflight
+
+    return preflight.run_validate_cluster(
+        tf_config=args.tf_config,
+        strategy=args.strategy,
+        peers=args.peers,
+        run_dir=args.run_dir,
+        timeout_s=args.timeout,
+        out=sys.stdout,
+    )
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from pipeline_lib import conversion, launcher, runs, sharding, strategy
+
+    config = _load(args.config)
+    _prepare_demo_data(config)
+    manifest = conversion.convert(config.data, config.output_root, config.storage_options)
+    plan = sharding.plan_shards(
+        manifest,
+        num_workers=config.train.workers,
+        replicas_per_worker=strategy.replicas_per_worker(config.train),
+        per_replica_batch_size=config.train.per_replica_batch_size,
+        epochs=config.train.epochs,
+        steps=config.train.steps,
+        policy=config.train.autoshard,
+    )
+    run_dir = runs.run_dir_for(config.output_root, runs.new_run_name(config.name))
+    result = launcher.launch_training(config, manifest, plan, run_dir, mlflow_run_id=None, log_fn=print)
+    print(result.model_dump_json(indent=2))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from pipeline_lib import conversion, evaluation
+
+    config = _load(args.config)
+    manifest = conversion.convert(config.data, config.output_root, config.storage_options)
+    report = evaluation.evaluate(config, manifest, args.model)
+    print(report.to_markdown())
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from pipeline_lib import worker
+
+    return worker.worker_main(["--spec", args.spec])
+
+
+def cmd_demo_data(args: argparse.Namespace) -> int:
+    from pipeline_lib import demo_data
+
+    print(demo_data.write_digits_csv(args.uri))
+    return 0
+
+
+def cmd_stack(args: argparse.Namespace) -> int:
+    from pipeline_lib import stack
+
+    return stack.stack_command(args.action, root=args.root, out=sys.stdout)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tfdag", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, fn, help_text: str, config: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if config:
+            p.add_argument("config", nargs="?", default=None,
+                           help="pipeline YAML file (default: the bundled examples/digits.yaml)")
+        p.set_defaults(fn=fn)
+        return p
+
+    p = add("run", cmd_run, "run the whole pipeline as the Prefect flow 'training-pipeline'")
+    p.add_argument("--json", action="store_true", help="print the run summary as one JSON object on the last line")
+    add("convert", cmd_convert, "convert the raw data to TFRecord shards with a manifest")
+    p = add("plan", cmd_plan, "print the shard plan (FILE or DATA autosharding, files per worker, steps per epoch)")
+    p.add_argument("--workers", type=int, default=None, help="plan for this many workers instead of train.workers")
+    add("validate", cmd_validate, "check the strategy against this machine and TF_CONFIG; print the cluster report")
+    add("train", cmd_train, "convert, plan and train (no Prefect, no MLflow); prints the TrainResult")
+    p = add("evaluate", cmd_evaluate, "evaluate an exported .keras model on the eval split")
+    p.add_argument("--model", required=True, help="path of an exported model.keras")
+
+    p = add("validate-cluster", cmd_validate_cluster,
+            "check TF_CONFIG (env or --tf-config) for STRATEGY; with --peers run the cross-worker preflight",
+            config=False)
+    p.add_argument("--tf-config", default=None, help="TF_CONFIG as a file path or inline JSON (default: $TF_CONFIG)")
+    p.add_argument("--strategy", default="multi_worker_mirrored",
+                   help="the strategy the cluster is for (default: multi_worker_mirrored)")
+    p.add_argument("--peers", action="store_true", help="also run the cross-worker preflight against every peer")
+    p.add_argument("--run-dir", default=None, help="fsspec URI shared by all tasks for the preflight files")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for every peer (default 60)")
+
+    p = add("worker", cmd_worker, "run one training task (reads TF_CONFIG); what a cluster pod runs", config=False)
+    p.add_argument("--spec", required=True, help="path or URI of the worker spec JSON written by the launcher")
+
+    p = add("demo-data", cmd_demo_data, "write scikit-learn's bundled digits as CSV to any fsspec URI", config=False)
+    p.add_argument("uri", help="target URI, e.g. ./.tfdag/raw/digits.csv or s3://tfdag-demo/raw/digits.csv")
+
+    p = add("stack", cmd_stack, "start/stop a local Prefect server, MLflow server, work pool and worker",
+            config=False)
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("--root", default="./.tfdag", help="state directory (default ./.tfdag)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from pipeline_lib.config import ConfigError
+
+    try:
+        return args.fn(args)
+    except ConfigError as error:
+        print(f"tfdag: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tfdag: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

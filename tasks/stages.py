@@ -1,0 +1,127 @@
+"""One thin Prefect task per pipeline stage: names, retries, artifacts and logging; no logic."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+
+from pipeline_lib import cluster as cluster_lib
+from pipeline_lib import consolidation, conversion, evaluation, launcher, sharding, tracking
+from pipeline_lib.config import PipelineConfig
+from pipeline_lib.manifest import Manifest
+from pipeline_lib.training import TrainResult
+
+
+def _key(text: str) -> str:
+    """Prefect artifact keys allow lowercase letters, numbers and dashes only."""
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:90]
+
+
+@task(name="convert_to_tfrecords", retries=2, retry_delay_seconds=2)
+def convert_to_tfrecords(config: PipelineConfig) -> Manifest:
+    """Storage I/O can fail transiently (an object store outage): retried."""
+    logger = get_run_logger()
+    manifest = conversion.convert(config.data, config.output_root, config.storage_options)
+    logger.info(
+        "TFRecords %s: %d train / %d eval records in %d shards (%d bad records skipped)",
+        manifest.dataset_uri,
+        manifest.num_records("train"),
+        manifest.num_records("eval"),
+        len(manifest.shards),
+        manifest.num_bad_records,
+    )
+    return manifest
+
+
+@task(name="plan_shards")
+def plan_shards(config: PipelineConfig, manifest: Manifest, replicas_per_worker: int) -> sharding.ShardPlan:
+    plan = sharding.plan_shards(
+        manifest,
+        num_workers=config.train.workers,
+        replicas_per_worker=replicas_per_worker,
+        per_replica_batch_size=config.train.per_replica_batch_size,
+        epochs=config.train.epochs,
+        steps=config.train.steps,
+        policy=config.train.autoshard,
+    )
+    logger = get_run_logger()
+    for warning in plan.warnings:
+        logger.warning(warning)
+    create_markdown_artifact(sharding.plan_to_markdown(plan), key=_key(f"{config.name}-shard-plan"),
+                             description="Shard plan")
+    return plan
+
+
+@task(name="validate_cluster")
+def validate_cluster(config: PipelineConfig) -> cluster_lib.ClusterReport:
+    report = cluster_lib.validate_cluster(config)
+    create_markdown_artifact(report.to_markdown(), key=_key(f"{config.name}-cluster-report"),
+                             description="Cluster environment report")
+    return report
+
+
+@task(name="start_tracking_run", retries=2, retry_delay_seconds=2)
+def start_tracking_run(config: PipelineConfig, run_name: str, tags: dict[str, str]) -> str:
+    run_id = tracking.start_run(config, run_name, tags=tags)
+    get_run_logger().info("MLflow run %s in experiment %r at %s", run_id, config.tracking.experiment, config.mlflow_uri)
+    return run_id
+
+
+@task(name="train")
+def train(config: PipelineConfig, manifest: Manifest, plan: sharding.ShardPlan, run_dir: str,
+          mlflow_run_id: str | None) -> TrainResult:
+    """No Prefect retry and no Prefect timeout: the supervisor owns restarts and timeouts of its processes."""
+    logger = get_run_logger()
+
+    def on_restart(attempt: int, cause: str) -> None:
+        logger.warning("restart %d of %d: %s", attempt, config.train.max_restarts, cause)
+        if mlflow_run_id:
+            tracking.record_restart(mlflow_run_id, config.mlflow_uri, attempt, cause)
+
+    result = launcher.launch_training(
+        config, manifest, plan, run_dir, mlflow_run_id=mlflow_run_id, log_fn=logger.info, on_restart=on_restart
+    )
+    return result
+
+
+@task(name="consolidate_checkpoints")
+def consolidate_checkpoints(config: PipelineConfig, manifest: Manifest, train_result: TrainResult,
+                            export_dir: str) -> consolidation.ExportResult:
+    export = consolidation.consolidate(config, manifest, train_result, export_dir)
+    get_run_logger().info("exported checkpoint step %d (%s) to %s", export.checkpoint_step, export.selected_by,
+                          export_dir)
+    return export
+
+
+@task(name="evaluate")
+def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str) -> evaluation.EvalReport:
+    report = evaluation.evaluate(config, manifest, model_path)
+    create_markdown_artifact(report.to_markdown(), key=_key(f"{config.name}-evaluation"),
+                             description="Evaluation on the eval split")
+    create_table_artifact([{"metric": k, "value": round(v, 6)} for k, v in report.metrics.items()],
+                          key=_key(f"{config.name}-evaluation-table"), description="Evaluation metrics")
+    get_run_logger().info("evaluation: %s", json.dumps({k: round(v, 4) for k, v in report.metrics.items()}))
+    return report
+
+
+@task(name="track", retries=2, retry_delay_seconds=2)
+def track(config: PipelineConfig, run_id: str, params: dict[str, Any], artifacts: dict[str, str | bytes],
+          eval_report: evaluation.EvalReport, export: consolidation.ExportResult, manifest: Manifest,
+          tags: dict[str, str]) -> tracking.ModelVersionInfo | None:
+    uri = config.mlflow_uri
+    tracking.log_params(run_id, uri, params)
+    tracking.log_final_metrics(run_id, uri, eval_report.metrics)
+    tracking.log_artifacts(run_id, uri, artifacts)
+    version = None
+    if config.tracking.registered_model:
+        version = tracking.log_and_register_model(
+            run_id, uri, export.keras_path, config.tracking.registered_model, manifest, tags=tags
+        )
+        get_run_logger().info("registered %s version %s", version.name, version.version)
+    ui = tracking.run_ui_url(uri, run_id)
+    if ui:
+        create_link_artifact(ui, link_text="MLflow run", key=_key(f"{config.name}-mlflow-run"))
+    return version

@@ -1,0 +1,114 @@
+"""Config loading: frozen models, unknown keys rejected, errors naming key path, file, value and fix."""
+
+import pytest
+import yaml
+
+from pipeline_lib.config import ConfigError, LrScaling, PipelineConfig, Strategy, load_config, resolve_config
+
+MINIMAL = {"data": {"source": "./raw/*.csv", "label": "y"}}
+
+
+def write(tmp_path, data, name="pipe.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_minimal_config_gets_defaults(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL))
+    assert config.train.strategy is Strategy.AUTO
+    assert config.train.lr_scaling is LrScaling.LINEAR
+    assert config.output_root == "./.tfdag"
+    assert config.mlflow_uri.startswith("sqlite:///") and config.mlflow_uri.endswith(".tfdag/mlflow.db")
+
+
+def test_config_is_frozen(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL))
+    with pytest.raises(Exception):
+        config.train.epochs = 3  # type: ignore[misc]
+
+
+def test_bad_value_names_key_path_file_value_and_rule(tmp_path):
+    data = {**MINIMAL, "train": {"per_replica_batch_size": 0}}
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, data, "digits.yaml"))
+    message = str(err.value)
+    assert "train.per_replica_batch_size (0) in digits.yaml" in message
+    assert "greater than or equal to 1" in message
+
+
+def test_unknown_key_is_rejected_with_allowed_keys(tmp_path):
+    data = {**MINIMAL, "train": {"epochz": 3}}
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, data))
+    message = str(err.value)
+    assert "train.epochz in pipe.yaml is not a known key" in message
+    assert "epochs" in message and "per_replica_batch_size" in message
+
+
+def test_unknown_top_level_section_is_rejected(tmp_path):
+    with pytest.raises(ConfigError, match=r"trainer in pipe.yaml is not a known key; allowed keys here: .*train"):
+        load_config(write(tmp_path, {**MINIMAL, "trainer": {}}))
+
+
+def test_bad_enum_lists_allowed_values(tmp_path):
+    data = {**MINIMAL, "train": {"strategy": "horovod"}}
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, data))
+    message = str(err.value)
+    assert "train.strategy ('horovod') in pipe.yaml" in message
+    assert "'multi_worker_mirrored'" in message and "'parameter_server'" in message
+
+
+def test_missing_required_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"data.label in pipe.yaml is required but missing"):
+        load_config(write(tmp_path, {"data": {"source": "x.csv"}}))
+
+
+def test_bad_model_factory_names_the_form(tmp_path):
+    data = {**MINIMAL, "model": {"factory": "mypkg.models"}}
+    with pytest.raises(ConfigError, match=r"model.factory \('mypkg.models'\).*'package.module:function'"):
+        load_config(write(tmp_path, data))
+
+
+def test_invalid_combination_fails_at_construction(tmp_path):
+    data = {**MINIMAL, "train": {"strategy": "mirrored", "parameter_servers": 1}}
+    with pytest.raises(ConfigError, match=r"parameter_servers \(1\) needs strategy 'parameter_server'"):
+        load_config(write(tmp_path, data))
+
+
+def test_unknown_metric(tmp_path):
+    data = {**MINIMAL, "evaluation": {"metrics": ["accuracy", "f7"]}}
+    with pytest.raises(ConfigError, match=r"evaluation.metrics .*unknown metric\(s\) \['f7'\]"):
+        load_config(write(tmp_path, data))
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data: [unclosed")
+    with pytest.raises(ConfigError, match="bad.yaml is not valid YAML"):
+        load_config(bad)
+
+
+def test_resolve_accepts_object_mapping_path_and_inline_yaml(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    from_path = resolve_config(str(path))
+    assert resolve_config(from_path) is from_path
+    assert resolve_config(MINIMAL) == from_path
+    assert resolve_config(yaml.safe_dump(MINIMAL)) == from_path
+
+
+def test_config_hash_is_stable_and_sensitive():
+    a = PipelineConfig.model_validate(MINIMAL)
+    b = PipelineConfig.model_validate(MINIMAL)
+    c = PipelineConfig.model_validate({**MINIMAL, "train": {"epochs": 9}})
+    assert a.config_hash() == b.config_hash() != c.config_hash()
+
+
+def test_example_configs_load():
+    from pathlib import Path
+
+    for path in sorted(Path(__file__).resolve().parents[2].joinpath("examples").glob("*.yaml")):
+        load_config(path)
