@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
 from pydantic import BaseModel, ConfigDict
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointRecord(BaseModel):
@@ -38,3 +47,605 @@ class TrainResult(BaseModel):
     num_restarts: int = 0
     examples_per_sec: float = 0.0
     wall_s: float = 0.0
+    start_step: int = 0  # the step restored from a checkpoint (0 for a fresh run)
+    is_chief: bool = True
+
+
+# Imported after the result types: checkpoints uses CheckpointRecord.
+import keras
+import numpy as np
+import tensorflow as tf
+
+from pipeline_lib import checkpoints as ckpt
+from pipeline_lib import input_pipeline, models
+from pipeline_lib import strategy as strategies
+from pipeline_lib.cluster import ClusterInfo, cluster_from_env
+from pipeline_lib.config import Direction, PipelineConfig, Strategy, Task
+from pipeline_lib.manifest import Manifest
+from pipeline_lib.sharding import AutoShardPolicy, ShardPlan
+from pipeline_lib.tracking import MetricsSink, NullSink
+
+CHECKPOINT_DIR = "checkpoints"
+TENSORBOARD_DIR = "tensorboard"
+EVAL_BATCH_SIZE = 256
+
+
+class TrainingError(RuntimeError):
+    """Training cannot start or go on; the message names the value, where it came from and the fix."""
+
+
+class TrainingInterrupted(RuntimeError):
+    """A stop was requested (preemption): a checkpoint of `step` was saved; resume from it."""
+
+    def __init__(self, step: int, checkpoint_path: str | None = None):
+        super().__init__(f"training stopped at step {step} on request; checkpoint {checkpoint_path} saved")
+        self.step = step
+        self.checkpoint_path = checkpoint_path
+
+
+@runtime_checkable
+class TrainHooksProtocol(Protocol):
+    def on_step_end(self, step: int, examples: int, loss: float) -> None: ...
+
+    def stop_requested(self) -> bool: ...
+
+
+class TrainHooks:
+    """Callbacks the loop calls at step boundaries; the defaults do nothing.
+
+    `on_step_end(step, examples, loss)` gets the global step just finished, the examples of that
+    step over all replicas, and its loss. `stop_requested()` is polled between executions; when
+    it returns True (on any worker) the loop saves a checkpoint and raises TrainingInterrupted.
+    """
+
+    def on_step_end(self, step: int, examples: int, loss: float) -> None:
+        pass
+
+    def stop_requested(self) -> bool:
+        return False
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The shuffle seed of an epoch: a fixed function of (seed, epoch), so a resumed run reshuffles alike."""
+    return (seed * 1_000_003 + epoch * 7_919 + 1) % (2**31 - 1)
+
+
+def _loss_fn(task: Task) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+    if task == Task.CLASSIFICATION:
+        def per_example(labels, logits):
+            return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=tf.cast(logits, tf.float32))
+    else:
+        def per_example(labels, logits):
+            return tf.square(tf.cast(tf.reshape(logits, [-1]), tf.float32) - labels)
+    return per_example
+
+
+def _create_optimizer(config: PipelineConfig, learning_rate, mixed_precision: bool) -> keras.optimizers.Optimizer:
+    if config.train.optimizer == "sgd":
+        optimizer = keras.optimizers.SGD(learning_rate=learning_rate)
+    else:
+        optimizer = keras.optimizers.Adam(learning_rate=learning_rate)
+    if mixed_precision:
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
+def _build_model(config: PipelineConfig, manifest: Manifest) -> keras.Model:
+    if not config.train.mixed_precision:
+        return models.create_model(config.model, manifest.feature_schema)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        return models.create_model(config.model, manifest.feature_schema)
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def _best_metric(config: PipelineConfig) -> tuple[str, str]:
+    """The checkpoint-manifest metric retention keeps the best of, and its direction."""
+    gate = config.evaluation.gate
+    known = {"accuracy": "eval_accuracy", "loss": "eval_loss", "mae": "eval_mae"}
+    if config.model.task == Task.REGRESSION and gate.metric not in ("mae", "loss"):
+        return "eval_mae", "min"
+    if gate.metric in known:
+        return known[gate.metric], gate.direction.value if gate.metric != "loss" else Direction.MIN.value
+    return "eval_loss", "min"
+
+
+class _Evaluator:
+    """Eval metrics on the eval split, computed by the chief alone, outside any replica context.
+
+    Reads of mirrored variables in cross-replica context touch only the local copy, so no collective op
+    runs here and the other workers are never waited on.
+    """
+
+    def __init__(self, model: keras.Model, manifest: Manifest, task: Task):
+        self.task = task
+        self.dataset = None
+        if manifest.shards_for("eval"):
+            self.dataset = input_pipeline.create_dataset(
+                manifest, "eval", EVAL_BATCH_SIZE, is_classification=task == Task.CLASSIFICATION)
+        loss_fn = _loss_fn(task)
+
+        @tf.function(reduce_retracing=True)
+        def batch_sums(inputs, labels):
+            logits = tf.cast(model(inputs, training=False), tf.float32)
+            loss = tf.reduce_sum(loss_fn(labels, logits))
+            if task == Task.CLASSIFICATION:
+                hits = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32))
+            else:
+                hits = tf.reduce_sum(tf.abs(tf.reshape(logits, [-1]) - labels))
+            return loss, hits, tf.cast(tf.shape(labels)[0], tf.float32)
+
+        self._batch_sums = batch_sums
+
+    def __call__(self) -> dict[str, float]:
+        if self.dataset is None:
+            return {}
+        loss = hits = count = 0.0
+        for inputs, labels in self.dataset:
+            batch_loss, batch_hits, batch_count = self._batch_sums(inputs, labels)
+            loss += float(batch_loss)
+            hits += float(batch_hits)
+            count += float(batch_count)
+        if not count:
+            return {}
+        metrics = {"eval_loss": loss / count}
+        metrics["eval_accuracy" if self.task == Task.CLASSIFICATION else "eval_mae"] = hits / count
+        return metrics
+
+
+def _sync_flag(choice: strategies.StrategyChoice, flag: bool, fn_cache: dict) -> bool:
+    """True when `flag` is True on any worker: an all-reduce, so every worker stops at the same step."""
+    if choice.num_workers <= 1:
+        return flag
+    if "fn" not in fn_cache:
+        strategy = choice.strategy
+
+        @tf.function
+        def any_true(value):
+            per_replica = strategy.run(lambda v: tf.identity(v), args=(value,))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        fn_cache["fn"] = any_true
+    return bool(fn_cache["fn"](tf.constant(1.0 if flag else 0.0)).numpy() > 0.5)
+
+
+def _check_plan(plan: ShardPlan, choice: strategies.StrategyChoice, config: PipelineConfig) -> int:
+    global_batch = plan.per_replica_batch_size * choice.num_replicas
+    if plan.global_batch_size != global_batch:
+        raise TrainingError(
+            f"the shard plan's global_batch_size ({plan.global_batch_size}) is not per_replica_batch_size "
+            f"({plan.per_replica_batch_size}) × the {choice.num_replicas} replica(s) of strategy "
+            f"{choice.kind.value}; re-plan the shards for {choice.num_workers} worker(s) × "
+            f"{choice.replicas_per_worker} replica(s)"
+        )
+    if plan.total_steps < 1 or plan.steps_per_epoch < 1:
+        raise TrainingError(
+            f"the shard plan has total_steps {plan.total_steps}, steps_per_epoch {plan.steps_per_epoch}; the train "
+            f"split is smaller than one global batch of {global_batch}: lower train.per_replica_batch_size"
+        )
+    if plan.per_replica_batch_size != config.train.per_replica_batch_size:
+        logger.warning("shard plan per_replica_batch_size %d differs from train.per_replica_batch_size %d; "
+                       "using the plan's", plan.per_replica_batch_size, config.train.per_replica_batch_size)
+    return global_batch
+
+
+def _pipeline_data(plan: ShardPlan, pipeline_id: int, num_pipelines: int) -> tuple[tuple[str, ...] | None,
+                                                                                    tuple[int, int] | None]:
+    """The files and record shard one input pipeline reads under the plan's policy."""
+    if plan.policy == AutoShardPolicy.FILE:
+        return plan.files_for(pipeline_id), None
+    # DATA: every pipeline reads every file and keeps every num_pipelines-th record, so that global batch k
+    # is records [k·B, (k+1)·B) whatever the split of B into workers and replicas.
+    return None, (num_pipelines, pipeline_id) if num_pipelines > 1 else None
+
+
+def train(
+    config: PipelineConfig,
+    manifest: Manifest,
+    plan: ShardPlan,
+    run_dir: str,
+    *,
+    cluster: ClusterInfo | None = None,
+    metrics_sink: MetricsSink | None = None,
+    hooks: TrainHooks | None = None,
+    strategy_choice: strategies.StrategyChoice | None = None,
+) -> TrainResult:
+    """Train the configured model on the plan's shards under the configured strategy.
+
+    Every worker runs exactly `plan.total_steps` steps in total, counting the steps restored from
+    the newest valid checkpoint in `<run_dir>/checkpoints`.
+
+    Args:
+        config: the pipeline config (model, train, evaluation sections are used).
+        manifest: the dataset manifest.
+        plan: the shard plan for this cluster.
+        run_dir: where checkpoints and TensorBoard logs go (a local path, or one TensorFlow can write).
+        cluster: this process's cluster value; default parsed from TF_CONFIG.
+        metrics_sink: where the chief logs metrics; default discards them.
+        hooks: step callbacks (heartbeats, fault injection, preemption).
+        strategy_choice: a strategy already built in this process; default built from the config.
+
+    Returns:
+        The TrainResult (on every worker; only the chief's lists checkpoints).
+
+    Raises:
+        TrainingError: when the plan does not fit the strategy or the data cannot feed the plan.
+        TrainingInterrupted: when `hooks.stop_requested()` turned True; a checkpoint was saved first.
+    """
+    started = time.perf_counter()
+    train_config = config.train
+    cluster = cluster if cluster is not None else cluster_from_env()
+    hooks = hooks if hooks is not None else TrainHooks()
+    if strategy_choice is None:
+        strategies.configure_devices(train_config)
+        strategy_choice = strategies.create_strategy(train_config, cluster)
+    is_chief = cluster.is_chief
+    sink = metrics_sink if (metrics_sink is not None and is_chief) else NullSink()
+    if train_config.deterministic:
+        keras.utils.set_random_seed(train_config.seed)
+        tf.config.experimental.enable_op_determinism()
+    elif train_config.seed is not None:
+        keras.utils.set_random_seed(train_config.seed)
+    if strategy_choice.kind == Strategy.PARAMETER_SERVER:
+        return _train_parameter_server(config, manifest, plan, run_dir, cluster, sink, hooks, strategy_choice,
+                                       started)
+    return _train_synchronous(config, manifest, plan, run_dir, cluster, sink, hooks, strategy_choice, started)
+
+
+def _create_state(config: PipelineConfig, manifest: Manifest, choice: strategies.StrategyChoice):
+    with choice.strategy.scope():
+        model = _build_model(config, manifest)
+        learning_rate = strategies.create_learning_rate(config.train, choice.num_replicas)
+        optimizer = _create_optimizer(config, learning_rate, config.train.mixed_precision)
+        # Built now, not on the first apply, so a restore finds every slot variable to fill.
+        optimizer.build(model.trainable_variables)
+        step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step",
+                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        # Keras does not checkpoint the dropout seed-generator states with the model; an exact resume
+        # needs them, so they ride along under their own key (model-only restores ignore it).
+        rng_states = [v.value for v in model.variables if v.path.endswith("seed_generator_state")]
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step, rng=rng_states)
+    return model, optimizer, step, checkpoint
+
+
+def _restore(store: ckpt.CheckpointStore, checkpoint: tf.train.Checkpoint, model: keras.Model,
+             choice: strategies.StrategyChoice, config: PipelineConfig) -> int:
+    # Checkpoint restoring should be inside scope (b/139450638).
+    with choice.strategy.scope():
+        record = store.restore_latest()
+        if record is not None:
+            return int(checkpoint.step.numpy())
+        if config.train.warm_start_uri:
+            tf.train.Checkpoint(model=model).read(config.train.warm_start_uri).expect_partial()
+            logger.info("warm start: model weights from %s", config.train.warm_start_uri)
+    return 0
+
+
+def _current_lr(optimizer) -> float:
+    try:
+        return float(np.asarray(optimizer.learning_rate))
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+class _Progress:
+    """The chief's progress line, TensorBoard scalars and sink metrics at each logged step."""
+
+    def __init__(self, is_chief: bool, tensorboard_dir: str, sink: MetricsSink, global_batch: int, step: int):
+        self.is_chief = is_chief
+        self.sink = sink
+        self.global_batch = global_batch
+        self.writer = tf.summary.create_file_writer(tensorboard_dir) if is_chief else None
+        self.last_step = step
+        self.last_time = time.perf_counter()
+        self.total_steps = 0
+        self.total_time = 0.0
+
+    def log(self, step: int, loss: float, learning_rate: float) -> None:
+        now = time.perf_counter()
+        elapsed = max(now - self.last_time, 1e-9)
+        steps = step - self.last_step
+        self.total_steps += steps
+        self.total_time += elapsed
+        self.last_step, self.last_time = step, now
+        if not self.is_chief:
+            return
+        steps_per_sec = steps / elapsed
+        examples_per_sec = steps_per_sec * self.global_batch
+        logger.info("train | step: %6d | steps/sec: %.1f | examples/sec: %.0f | loss: %.4f",
+                    step, steps_per_sec, examples_per_sec, loss)
+        with self.writer.as_default(step=step):
+            tf.summary.scalar("loss", loss)
+            tf.summary.scalar("learning_rate", learning_rate)
+            tf.summary.scalar("examples_per_sec", examples_per_sec)
+        self.sink.log_metrics({"loss": loss, "learning_rate": learning_rate, "steps_per_sec": steps_per_sec,
+                               "examples_per_sec": examples_per_sec}, step=step)
+
+    def log_eval(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.is_chief or not metrics:
+            return
+        with self.writer.as_default(step=step):
+            for name, value in metrics.items():
+                tf.summary.scalar(name, value)
+        self.sink.log_metrics(metrics, step=step)
+
+    @property
+    def examples_per_sec(self) -> float:
+        return self.total_steps * self.global_batch / self.total_time if self.total_time else 0.0
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()
+        self.sink.flush()
+
+
+def _train_synchronous(config, manifest, plan, run_dir, cluster, sink, hooks, choice, started) -> TrainResult:
+    train_config = config.train
+    strategy = choice.strategy
+    global_batch = _check_plan(plan, choice, config)
+    is_classification = config.model.task == Task.CLASSIFICATION
+    checkpoint_dir = os.path.join(run_dir, CHECKPOINT_DIR)
+    tensorboard_dir = os.path.join(run_dir, TENSORBOARD_DIR)
+    model, optimizer, step_var, checkpoint = _create_state(config, manifest, choice)
+    best_metric, best_mode = _best_metric(config)
+    store = ckpt.CheckpointStore(checkpoint_dir, checkpoint, cluster=cluster, keep=train_config.keep_checkpoints,
+                                 best_metric=best_metric, best_mode=best_mode)
+    start_step = _restore(store, checkpoint, model, choice, config)
+    total_steps, steps_per_epoch = plan.total_steps, plan.steps_per_epoch
+    if start_step > total_steps:
+        raise TrainingError(f"the checkpoint in {checkpoint_dir} is at step {start_step}, past the plan's "
+                            f"total_steps ({total_steps}); use a fresh run_dir or raise train.steps")
+    if start_step:
+        logger.info("resuming at step %d of %d", start_step, total_steps)
+
+    per_example_loss = _loss_fn(config.model.task)
+    mixed = train_config.mixed_precision
+    per_replica_batch = plan.per_replica_batch_size
+
+    def dataset_fn(input_context: tf.distribute.InputContext, epoch: int, position: int) -> tf.data.Dataset:
+        batch = input_context.get_per_replica_batch_size(global_batch)
+        num_pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
+        replicas_per_pipeline = max(1, choice.num_replicas // num_pipelines)
+        files, shard = _pipeline_data(plan, pipeline_id, num_pipelines)
+        needed = steps_per_epoch * replicas_per_pipeline
+        available = input_pipeline.num_shard_records(manifest, "train", files, shard) // batch
+        if available < needed:
+            raise TrainingError(
+                f"input pipeline {pipeline_id} of {num_pipelines} holds {available} batches of {batch} per epoch "
+                f"but the shard plan needs {needed} ({steps_per_epoch} steps × {replicas_per_pipeline} replicas); "
+                "re-plan the shards for this cluster"
+            )
+        skip = position * replicas_per_pipeline
+        dataset = input_pipeline.create_dataset(
+            manifest, "train", batch, files=files, shard=shard, shuffle=train_config.shuffle,
+            seed=epoch_seed(train_config.seed, epoch), shuffle_buffer=train_config.shuffle_buffer,
+            drop_remainder=True, skip_batches=skip, is_classification=is_classification)
+        # Exactly the plan's steps per epoch on every worker: an extra batch on one would hang the all-reduce.
+        return dataset.take(needed - skip)
+
+    def step_fn(inputs, labels):
+        with tf.GradientTape() as tape:
+            logits = model(inputs, training=True)
+            loss = tf.nn.compute_average_loss(per_example_loss(labels, logits), global_batch_size=global_batch)
+            if model.losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            scaled = optimizer.scale_loss(loss) if mixed else loss
+        gradients = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def run_steps(iterator, num_steps):
+        losses = tf.TensorArray(tf.float32, size=num_steps)
+        for i in tf.range(num_steps):
+            inputs, labels = next(iterator)
+            per_replica_loss = strategy.run(step_fn, args=(inputs, labels))
+            losses = losses.write(i, strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None))
+        return losses.stack()
+
+    evaluate = _Evaluator(model, manifest, config.model.task) if cluster.is_chief else None
+    progress = _Progress(cluster.is_chief, tensorboard_dir, sink, global_batch, start_step)
+    flag_cache: dict[str, Any] = {}
+    step, last_loss, last_saved = start_step, float("nan"), start_step if start_step else -1
+
+    def save(at_step: int) -> ckpt.CheckpointRecord | None:
+        step_var.assign(at_step)
+
+        def measure() -> dict[str, float]:
+            metrics = evaluate() if evaluate is not None else {}
+            progress.log_eval(at_step, metrics)
+            return metrics
+
+        return store.save(at_step, metrics_fn=measure)
+
+    try:
+        while step < total_steps:
+            epoch, position = divmod(step, steps_per_epoch)
+            distributed = strategy.distribute_datasets_from_function(
+                lambda ctx, e=epoch, p=position: dataset_fn(ctx, e, p))
+            iterator = iter(distributed)
+            while position < steps_per_epoch and step < total_steps:
+                to_log = train_config.log_every_steps - step % train_config.log_every_steps
+                to_save = train_config.checkpoint_every_steps - step % train_config.checkpoint_every_steps
+                count = min(train_config.steps_per_execution, steps_per_epoch - position, total_steps - step,
+                            to_log, to_save)
+                losses = run_steps(iterator, tf.constant(count, tf.int32)).numpy()
+                for offset, loss in enumerate(losses):
+                    hooks.on_step_end(step + offset + 1, global_batch, float(loss))
+                step += count
+                position += count
+                last_loss = float(losses[-1])
+                if not math.isfinite(last_loss):
+                    logger.warning("loss is %s at step %d", last_loss, step)
+                if step % train_config.log_every_steps == 0 or step == total_steps:
+                    progress.log(step, last_loss, _current_lr(optimizer))
+                if step % train_config.checkpoint_every_steps == 0 or step == total_steps:
+                    save(step)
+                    last_saved = step
+                if step < total_steps and _sync_flag(choice, bool(hooks.stop_requested()), flag_cache):
+                    record = save(step) if last_saved != step else None
+                    path = record.path if record is not None else ckpt.prefix_for(checkpoint_dir, step)
+                    raise TrainingInterrupted(step, path)
+        if last_saved != step:
+            save(step)
+    finally:
+        progress.close()
+
+    records = tuple(ckpt.list_checkpoints(checkpoint_dir)) if cluster.is_chief else ()
+    return TrainResult(
+        run_dir=run_dir,
+        strategy=choice.kind.value,
+        strategy_reason=choice.reason,
+        num_workers=choice.num_workers,
+        num_replicas=choice.num_replicas,
+        per_replica_batch_size=per_replica_batch,
+        global_batch_size=global_batch,
+        base_learning_rate=train_config.base_learning_rate,
+        scaled_learning_rate=strategies.scaled_learning_rate(
+            train_config.base_learning_rate, train_config.lr_scaling, choice.num_replicas),
+        lr_scaling=train_config.lr_scaling.value,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        final_step=step,
+        final_loss=last_loss,
+        checkpoint_dir=checkpoint_dir,
+        checkpoints=records,
+        tensorboard_dir=tensorboard_dir,
+        examples_per_sec=progress.examples_per_sec,
+        wall_s=time.perf_counter() - started,
+        start_step=start_step,
+        is_chief=cluster.is_chief,
+    )
+
+
+def _train_parameter_server(config, manifest, plan, run_dir, cluster, sink, hooks, choice, started) -> TrainResult:
+    """The chief-side (coordinator) loop: per-worker datasets, scheduled steps, asynchronous updates."""
+    train_config = config.train
+    strategy = choice.strategy
+    if not cluster.is_chief:
+        raise TrainingError(
+            f"{cluster.name} called train() under parameter_server; only the chief coordinates; run "
+            "training.run_server(cluster) on worker and ps tasks"
+        )
+    if train_config.deterministic:
+        logger.warning("train.deterministic under parameter_server: updates are asynchronous, so runs differ")
+    per_replica_batch = plan.per_replica_batch_size
+    # Each scheduled step runs on one worker; its batch is that worker's replicas.
+    global_batch = per_replica_batch * choice.num_replicas
+    is_classification = config.model.task == Task.CLASSIFICATION
+    checkpoint_dir = os.path.join(run_dir, CHECKPOINT_DIR)
+    tensorboard_dir = os.path.join(run_dir, TENSORBOARD_DIR)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    model, optimizer, step_var, checkpoint = _create_state(config, manifest, choice)
+    best_metric, best_mode = _best_metric(config)
+    store = ckpt.CheckpointStore(checkpoint_dir, checkpoint, cluster=cluster, keep=train_config.keep_checkpoints,
+                                 best_metric=best_metric, best_mode=best_mode)
+    start_step = _restore(store, checkpoint, model, choice, config)
+    total_steps = plan.total_steps
+    per_example_loss = _loss_fn(config.model.task)
+    mixed = train_config.mixed_precision
+
+    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        batch = input_context.get_per_replica_batch_size(global_batch)
+        # Workers train asynchronously on their own shuffles of the whole split.
+        return input_pipeline.create_dataset(
+            manifest, "train", batch, shuffle=True, seed=None, shuffle_buffer=train_config.shuffle_buffer,
+            repeat=True, drop_remainder=True, is_classification=is_classification)
+
+    @tf.function
+    def per_worker_dataset_fn():
+        return strategy.distribute_datasets_from_function(dataset_fn)
+
+    per_worker_iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
+
+    @tf.function
+    def worker_fn(iterator):
+        def replica_fn(inputs, labels):
+            with tf.GradientTape() as tape:
+                logits = model(inputs, training=True)
+                loss = tf.nn.compute_average_loss(per_example_loss(labels, logits), global_batch_size=global_batch)
+                if model.losses:
+                    loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+                scaled = optimizer.scale_loss(loss) if mixed else loss
+            gradients = tape.gradient(scaled, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            return loss
+
+        inputs, labels = next(iterator)
+        losses = strategy.run(replica_fn, args=(inputs, labels))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+    evaluate = _Evaluator(model, manifest, config.model.task)
+    progress = _Progress(True, tensorboard_dir, sink, global_batch, start_step)
+    step, last_loss, last_saved = start_step, float("nan"), start_step if start_step else -1
+
+    def save(at_step: int):
+        coordinator.join()
+        step_var.assign(at_step)
+
+        def measure():
+            metrics = evaluate()
+            progress.log_eval(at_step, metrics)
+            return metrics
+
+        return store.save(at_step, metrics_fn=measure)
+
+    try:
+        while step < total_steps:
+            to_log = train_config.log_every_steps - step % train_config.log_every_steps
+            to_save = train_config.checkpoint_every_steps - step % train_config.checkpoint_every_steps
+            count = min(total_steps - step, to_log, to_save)
+            results = [coordinator.schedule(worker_fn, args=(per_worker_iterator,)) for _ in range(count)]
+            coordinator.join()
+            losses = [float(r.fetch()) for r in results]
+            for offset, loss in enumerate(losses):
+                hooks.on_step_end(step + offset + 1, global_batch, loss)
+            step += count
+            last_loss = losses[-1]
+            if step % train_config.log_every_steps == 0 or step == total_steps:
+                progress.log(step, last_loss, _current_lr(optimizer))
+            if step % train_config.checkpoint_every_steps == 0 or step == total_steps:
+                save(step)
+                last_saved = step
+            if step < total_steps and hooks.stop_requested():
+                record = save(step) if last_saved != step else None
+                raise TrainingInterrupted(step, record.path if record else ckpt.prefix_for(checkpoint_dir, step))
+        if last_saved != step:
+            save(step)
+    finally:
+        progress.close()
+
+    return TrainResult(
+        run_dir=run_dir, strategy=choice.kind.value, strategy_reason=choice.reason, num_workers=choice.num_workers,
+        num_replicas=choice.num_replicas, per_replica_batch_size=per_replica_batch, global_batch_size=global_batch,
+        base_learning_rate=train_config.base_learning_rate,
+        scaled_learning_rate=strategies.scaled_learning_rate(
+            train_config.base_learning_rate, train_config.lr_scaling, choice.num_replicas),
+        lr_scaling=train_config.lr_scaling.value, steps_per_epoch=plan.steps_per_epoch, total_steps=total_steps,
+        final_step=step, final_loss=last_loss, checkpoint_dir=checkpoint_dir,
+        checkpoints=tuple(ckpt.list_checkpoints(checkpoint_dir)), tensorboard_dir=tensorboard_dir,
+        examples_per_sec=progress.examples_per_sec, wall_s=time.perf_counter() - started, start_step=start_step,
+    )
+
+
+def run_server(cluster: ClusterInfo) -> None:
+    """Serve a ps or worker task of a parameter-server cluster until the process is killed.
+
+    Raises:
+        TrainingError: when the task is not a ps or worker of a cluster.
+    """
+    if cluster.task_type not in ("ps", "worker") or not cluster.cluster:
+        raise TrainingError(
+            f"run_server needs a TF_CONFIG ps or worker task, got {cluster.name!r} with cluster "
+            f"{sorted(cluster.cluster)}; the chief runs train() instead"
+        )
+    # Workers keep going when a ps is briefly unreachable; the coordinator decides what fails.
+    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec({job: list(addresses) for job, addresses in cluster.cluster.items()}),
+        job_name=cluster.task_type, task_index=cluster.task_index, protocol="grpc", start=True)
+    logger.info("%s serving on %s", cluster.name, cluster.cluster[cluster.task_type][cluster.task_index])
+    server.join()

@@ -1,0 +1,211 @@
+"""tf.data input pipelines over the manifest's TFRecord shards: batch first, then batched parse_example."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from pipeline_lib.manifest import DType, FeatureSpec, Manifest, Schema
+
+logger = logging.getLogger(__name__)
+
+NUMERIC_KEY = "numeric"
+
+
+def _size(spec: FeatureSpec) -> int:
+    size = 1
+    for dim in spec.shape:
+        size *= int(dim)
+    return size
+
+
+def numeric_features(schema: Schema) -> tuple[FeatureSpec, ...]:
+    """The int64 and float32 features, in schema order: what `"numeric"` concatenates."""
+    return tuple(f for f in schema.features if f.dtype != DType.STRING)
+
+
+def string_features(schema: Schema) -> tuple[FeatureSpec, ...]:
+    """The string features, in schema order: one model input each."""
+    return tuple(f for f in schema.features if f.dtype == DType.STRING)
+
+
+def feature_width(schema: Schema) -> int:
+    """Width of the `"numeric"` input: every numeric feature flattened and concatenated."""
+    return sum(_size(f) for f in numeric_features(schema))
+
+
+def input_signature(schema: Schema) -> dict[str, tf.TensorSpec]:
+    """The batched model inputs `create_dataset` yields, as TensorSpecs (batch dimension None)."""
+    signature: dict[str, tf.TensorSpec] = {}
+    if numeric_features(schema):
+        signature[NUMERIC_KEY] = tf.TensorSpec([None, feature_width(schema)], tf.float32, name=NUMERIC_KEY)
+    for spec in string_features(schema):
+        signature[spec.name] = tf.TensorSpec([None, _size(spec)], tf.string, name=spec.name)
+    return signature
+
+
+def _tf_dtype(dtype: DType) -> tf.DType:
+    return {DType.INT64: tf.int64, DType.FLOAT32: tf.float32, DType.STRING: tf.string}[dtype]
+
+
+def feature_description(schema: Schema) -> dict[str, tf.io.FixedLenFeature]:
+    """The `tf.io.parse_example` spec for every feature and the label."""
+    description = {
+        spec.name: tf.io.FixedLenFeature(list(spec.shape), _tf_dtype(spec.dtype)) for spec in schema.features
+    }
+    label = schema.label
+    description[label.name] = tf.io.FixedLenFeature(list(label.shape), _tf_dtype(label.dtype))
+    return description
+
+
+def label_dtype(schema: Schema, is_classification: bool | None = None) -> tf.DType:
+    """int64 for classification labels, float32 for regression ones."""
+    if is_classification is None:
+        is_classification = schema.num_classes is not None or schema.label_vocabulary is not None
+    return tf.int64 if is_classification else tf.float32
+
+
+def make_parse_fn(schema: Schema, is_classification: bool | None = None):
+    """A function from a batch of serialized Examples to `(inputs, labels)`."""
+    description = feature_description(schema)
+    numeric = numeric_features(schema)
+    strings = string_features(schema)
+    label = schema.label
+    target_dtype = label_dtype(schema, is_classification)
+    table = None
+    if label.dtype == DType.STRING:
+        if not schema.label_vocabulary:
+            raise ValueError(
+                f"label {label.name!r} is a string feature but the schema has no label_vocabulary; "
+                "reconvert the data so string labels carry their vocabulary"
+            )
+        vocabulary = list(schema.label_vocabulary)
+        table = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(
+                tf.constant(vocabulary), tf.range(len(vocabulary), dtype=tf.int64)
+            ),
+            default_value=-1,
+        )
+
+    def parse(serialized: tf.Tensor):
+        parsed = tf.io.parse_example(serialized, description)
+        inputs: dict[str, tf.Tensor] = {}
+        if numeric:
+            columns = []
+            for spec in numeric:
+                value = tf.cast(parsed[spec.name], tf.float32)
+                columns.append(tf.reshape(value, [-1, _size(spec)]))
+            inputs[NUMERIC_KEY] = tf.concat(columns, axis=1) if len(columns) > 1 else columns[0]
+        for spec in strings:
+            inputs[spec.name] = tf.reshape(parsed[spec.name], [-1, _size(spec)])
+        labels = parsed[label.name]
+        if table is not None:
+            labels = table.lookup(labels)
+        labels = tf.cast(tf.reshape(labels, [-1]), target_dtype)
+        return inputs, labels
+
+    return parse
+
+
+def shard_uris(manifest: Manifest, split: str, files: Sequence[str] | None = None) -> list[str]:
+    """Full URIs of the given manifest-relative shard paths (default: every shard of the split).
+
+    Raises:
+        ValueError: when the split has no shards or a path is not in the manifest.
+    """
+    known = {s.path: s for s in manifest.shards_for(split)}
+    if files is None:
+        if not known:
+            splits = sorted({s.split for s in manifest.shards})
+            raise ValueError(
+                f"split {split!r} has no shards in the manifest of {manifest.dataset_uri}; splits present: {splits}"
+            )
+        paths = [s.path for s in manifest.shards_for(split)]
+    else:
+        unknown = [f for f in files if f not in known]
+        if unknown:
+            raise ValueError(
+                f"files {unknown} are not {split!r} shards of the manifest of {manifest.dataset_uri}; "
+                "pass paths relative to the dataset directory as listed in manifest.json"
+            )
+        paths = list(files)
+    return [manifest.shard_uri(known[p]) for p in paths]
+
+
+def create_dataset(
+    manifest: Manifest,
+    split: str,
+    batch_size: int,
+    *,
+    files: Sequence[str] | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    shuffle_buffer: int = 10000,
+    shard: tuple[int, int] | None = None,
+    repeat: bool = False,
+    drop_remainder: bool = False,
+    skip_batches: int = 0,
+    is_classification: bool | None = None,
+) -> tf.data.Dataset:
+    """Read a split's TFRecord shards into batches of `(inputs, labels)`.
+
+    Records are read in file order, sharded (`shard`), shuffled, batched, then parsed in batches
+    with `tf.io.parse_example` and prefetched. With a fixed `seed` the order is the same on every run.
+
+    Args:
+        manifest: the dataset manifest.
+        split: "train" or "eval".
+        batch_size: records per batch.
+        files: manifest-relative shard paths to read; default every shard of the split.
+        shuffle: shuffle records with a `shuffle_buffer`-record buffer seeded by `seed`.
+        seed: the shuffle seed.
+        shuffle_buffer: records held by the shuffle buffer.
+        shard: `(num_shards, index)`: keep every num_shards-th record starting at index (DATA autosharding).
+        repeat: repeat forever (each pass reshuffled, deterministically from `seed`).
+        drop_remainder: drop a last, smaller batch.
+        skip_batches: batches to skip at the start (resuming within an epoch).
+        is_classification: the label type; default inferred from the schema (num_classes or vocabulary set).
+
+    Returns:
+        A dataset of `(inputs, labels)`: `inputs["numeric"]` float32 `[batch, feature_width]`, one tf.string
+        `[batch, n]` entry per string feature; labels int64 (classification) or float32 (regression) `[batch]`.
+
+    Raises:
+        ValueError: on a bad batch size, shard or file list.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size ({batch_size}) must be ≥ 1")
+    if shard is not None:
+        num_shards, index = shard
+        if num_shards < 1 or not 0 <= index < num_shards:
+            raise ValueError(f"shard {shard} must be (num_shards ≥ 1, 0 ≤ index < num_shards)")
+    if skip_batches < 0:
+        raise ValueError(f"skip_batches ({skip_batches}) must be ≥ 0")
+    uris = shard_uris(manifest, split, files)
+    compression = "GZIP" if manifest.compression == "gzip" else ""
+    dataset = tf.data.TFRecordDataset(uris, compression_type=compression)
+    if shard is not None and shard[0] > 1:
+        dataset = dataset.shard(shard[0], shard[1])
+    if shuffle:
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        dataset = dataset.repeat()
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    if skip_batches:
+        dataset = dataset.skip(skip_batches)
+    dataset = dataset.map(
+        make_parse_fn(manifest.feature_schema, is_classification), num_parallel_calls=tf.data.AUTOTUNE
+    )
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def num_shard_records(manifest: Manifest, split: str, files: Sequence[str] | None, shard: tuple[int, int] | None) -> int:
+    """Records one input pipeline sees per pass with these `files` and `shard` (no I/O)."""
+    wanted = set(files) if files is not None else None
+    total = sum(s.num_records for s in manifest.shards_for(split) if wanted is None or s.path in wanted)
+    if shard is None or shard[0] <= 1:
+        return total
+    num_shards, index = shard
+    return max(0, (total - index + num_shards - 1) // num_shards)

@@ -1,0 +1,135 @@
+"""Shared test set-up: 2 logical CPU devices (before TensorFlow initialises) and tiny generated datasets."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+# Split the CPU into 2 logical devices now: it is impossible once TensorFlow has initialised,
+# and Mirrored tests need 2 replicas on CPU-only machines.
+_cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(
+    _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+)
+
+from pipeline_lib.manifest import (
+    DType,
+    FeatureSpec,
+    Manifest,
+    Schema,
+    ShardInfo,
+    SourceFingerprint,
+)
+from pipeline_lib.sharding import AutoShardPolicy, ShardPlan, WorkerAssignment
+
+NUM_CLASSES = 3
+
+
+def _example(x: np.ndarray, size: float, color: str, label) -> bytes:
+    feature = {
+        "x": tf.train.Feature(float_list=tf.train.FloatList(value=x.tolist())),
+        "size": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(size)])),
+        "color": tf.train.Feature(bytes_list=tf.train.BytesList(value=[color.encode()])),
+    }
+    if isinstance(label, float):
+        feature["label"] = tf.train.Feature(float_list=tf.train.FloatList(value=[label]))
+    else:
+        feature["label"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def generate_rows(num_rows: int, seed: int, task: str = "classification") -> list[dict]:
+    """Learnable rows: x (4 floats), size (int), color (string) and a label that depends on them."""
+    rng = np.random.default_rng(seed)
+    colors = ["red", "green", "blue"]
+    weights = np.array([[1.5, -1.0, 0.5], [-0.5, 1.0, 1.0], [1.0, 0.5, -1.5], [0.0, -1.0, 1.0]])
+    rows = []
+    for _ in range(num_rows):
+        x = rng.normal(size=4).astype(np.float32)
+        size = int(rng.integers(0, 5))
+        color = colors[int(rng.integers(0, 3))]
+        if task == "classification":
+            label = int(np.argmax(x @ weights))
+        else:
+            label = float(x @ weights[:, 0] + 0.1 * size)
+        rows.append({"x": x, "size": size, "color": color, "label": label})
+    return rows
+
+
+def write_dataset(root: str, *, num_train: int = 256, num_eval: int = 64, num_train_shards: int = 1,
+                  compression: str = "none", task: str = "classification", seed: int = 0) -> Manifest:
+    """Write train/eval TFRecord shards with the plain TF writer and return their Manifest."""
+    os.makedirs(root, exist_ok=True)
+    suffix = ".tfrecord.gz" if compression == "gzip" else ".tfrecord"
+    options = tf.io.TFRecordOptions(compression_type="GZIP" if compression == "gzip" else "")
+    shards = []
+    for split, count, num_shards, split_seed in (("train", num_train, num_train_shards, seed),
+                                                  ("eval", num_eval, 1, seed + 1)):
+        rows = generate_rows(count, split_seed, task)
+        os.makedirs(os.path.join(root, split), exist_ok=True)
+        for index in range(num_shards):
+            part = rows[index::num_shards] if num_shards > 1 else rows
+            relative = f"{split}/part-{index:05d}-of-{num_shards:05d}{suffix}"
+            path = os.path.join(root, relative)
+            with tf.io.TFRecordWriter(path, options) as writer:
+                for row in part:
+                    writer.write(_example(row["x"], row["size"], row["color"], row["label"]))
+            with open(path, "rb") as handle:
+                digest = hashlib.sha256(handle.read()).hexdigest()
+            shards.append(ShardInfo(split=split, path=relative, num_records=len(part),
+                                    num_bytes=os.path.getsize(path), sha256=digest))
+    label_dtype = DType.INT64 if task == "classification" else DType.FLOAT32
+    schema = Schema(
+        features=(FeatureSpec(name="x", dtype=DType.FLOAT32, shape=(4,)),
+                  FeatureSpec(name="size", dtype=DType.INT64),
+                  FeatureSpec(name="color", dtype=DType.STRING)),
+        label=FeatureSpec(name="label", dtype=label_dtype),
+        num_classes=NUM_CLASSES if task == "classification" else None,
+    )
+    return Manifest(fingerprint="test", dataset_uri=root, feature_schema=schema, shards=tuple(shards),
+                    source=SourceFingerprint(files=(), sha256="0" * 64), compression=compression)
+
+
+def make_plan(manifest: Manifest, *, num_workers: int = 1, replicas_per_worker: int = 1,
+              per_replica_batch_size: int = 32, epochs: int = 1, steps: int | None = None,
+              policy: AutoShardPolicy = AutoShardPolicy.DATA) -> ShardPlan:
+    """A ShardPlan built by hand (independent of the planner module)."""
+    files = tuple(s.path for s in manifest.shards_for("train"))
+    total = manifest.num_records("train")
+    global_batch = per_replica_batch_size * replicas_per_worker * num_workers
+    if policy == AutoShardPolicy.FILE:
+        assignments = tuple(
+            WorkerAssignment(worker_index=w, files=files[w::num_workers],
+                             num_records=sum(s.num_records for s in manifest.shards_for("train")[w::num_workers]))
+            for w in range(num_workers))
+        per_worker = min(a.num_records for a in assignments)
+        steps_per_epoch = per_worker // (per_replica_batch_size * replicas_per_worker)
+    else:
+        assignments = tuple(WorkerAssignment(worker_index=w, files=files, num_records=total // num_workers)
+                            for w in range(num_workers))
+        steps_per_epoch = total // global_batch
+    total_steps = steps if steps is not None else steps_per_epoch * epochs
+    if steps is not None:
+        epochs = -(-steps // steps_per_epoch)
+    return ShardPlan(policy=policy, num_workers=num_workers, replicas_per_worker=replicas_per_worker,
+                     per_replica_batch_size=per_replica_batch_size, global_batch_size=global_batch,
+                     steps_per_epoch=steps_per_epoch, epochs=epochs, total_steps=total_steps,
+                     assignments=assignments, imbalance_ratio=1.0)
+
+
+@pytest.fixture
+def tiny_manifest(tmp_path) -> Manifest:
+    """256 train and 64 eval classification rows in one shard each."""
+    return write_dataset(str(tmp_path / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_manifest(tmp_path_factory) -> Manifest:
+    """Like tiny_manifest but written once per session (read-only use)."""
+    return write_dataset(str(tmp_path_factory.mktemp("shared_data")), num_train=512, num_eval=128)
