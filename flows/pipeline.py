@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import importlib.metadata
 from pathlib import Path
-from typing import Any
 
 from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, ConfigDict
 
-from pipeline_lib import runs, sharding, storage, strategy
+from pipeline_lib import runs, sharding, storage, strategy, tracking
 from pipeline_lib.config import PipelineConfig, resolve_config
 from tasks import stages
 
@@ -57,9 +56,9 @@ def _versions() -> dict[str, str]:
     out = {}
     for dist in ("tensorflow", "keras", "prefect", "mlflow", "tfdag"):
         try:
-            out[f"{dist}_version"] = importlib.metadata.version(dist)
+            out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
-            out[f"{dist}_version"] = "unknown"
+            out[dist] = "unknown"
     return out
 
 
@@ -106,13 +105,7 @@ def _run(config: PipelineConfig, stage: _Stage, logger, extra_tags: dict[str, st
     version = None
     if run_id:
         stage("track")
-        params = {
-            **sharding.plan_params(plan),
-            **_train_params(config, train_result),
-            **_versions(),
-            "data_fingerprint": manifest.fingerprint,
-            "pipeline": config.name,
-        }
+        params = tracking.pipeline_params(config, train_result, plan, manifest, _versions())
         artifacts: dict[str, str | bytes] = {
             "data/manifest.json": manifest.to_json(),
             "data/shard_plan.json": plan.model_dump_json(indent=2),
@@ -155,30 +148,6 @@ def _run(config: PipelineConfig, stage: _Stage, logger, extra_tags: dict[str, st
         num_restarts=train_result.num_restarts,
         gate_passed=gate,
     )
-
-
-def _train_params(config: PipelineConfig, result) -> dict[str, Any]:
-    return {
-        "strategy": result.strategy,
-        "strategy_reason": result.strategy_reason,
-        "num_workers": result.num_workers,
-        "num_replicas": result.num_replicas,
-        "per_replica_batch_size": result.per_replica_batch_size,
-        "global_batch_size": result.global_batch_size,
-        "base_learning_rate": result.base_learning_rate,
-        "scaled_learning_rate": result.scaled_learning_rate,
-        "lr_scaling": result.lr_scaling,
-        "warmup_steps": config.train.warmup_steps,
-        "epochs": config.train.epochs,
-        "steps_per_epoch": result.steps_per_epoch,
-        "total_steps": result.total_steps,
-        "optimizer": config.train.optimizer,
-        "seed": config.train.seed,
-        "deterministic": config.train.deterministic,
-        "mixed_precision": config.train.mixed_precision,
-        "model_factory": config.model.factory,
-        "config_hash": config.config_hash(),
-    }
 
 
 def _preflight_artifacts(run_dir: str) -> dict[str, str | bytes]:

@@ -219,3 +219,17 @@ def create_learning_rate(train: TrainConfig, num_replicas: int):
     """The optimizer's learning rate: the scaled rate, behind the warmup schedule when warmup_steps > 0."""
     rate = scaled_learning_rate(train.base_learning_rate, train.lr_scaling, num_replicas)
     return WarmupSchedule(rate, train.warmup_steps) if train.warmup_steps else rate
+
+
+def replicas_per_worker(train: TrainConfig) -> int:
+    """Replicas each training worker will hold, known before any strategy is built (for shard planning).
+
+    Only lists physical devices, which does not initialise the TensorFlow runtime.
+    """
+    if train.strategy in (Strategy.DEFAULT, Strategy.ONE_DEVICE, Strategy.PARAMETER_SERVER, Strategy.TPU):
+        return 1
+    if train.cpu_replicas:
+        return train.cpu_replicas
+    if train.strategy == Strategy.AUTO and train.parameter_servers:
+        return 1
+    return max(1, len(tf.config.list_physical_devices("GPU")))

@@ -1,0 +1,113 @@
+"""The training-pipeline flow end to end on the digits data: MLflow contents and the exported model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline_lib import demo_data
+from pipeline_lib.config import parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def digits_config(tmp_path: Path, **train) -> dict:
+    raw = tmp_path / "raw" / "digits.csv"
+    demo_data.write_digits_csv(str(raw))
+    return {
+        "name": "digits-flow-test",
+        "data": {"source": str(raw), "label": "target", "target_shard_mb": 0.1},
+        "output_root": str(tmp_path / "out"),
+        "model": {"factory": "mlp", "params": {"hidden_units": [64]}},
+        "train": {"strategy": "mirrored", "cpu_replicas": 2, "per_replica_batch_size": 32,
+                  "base_learning_rate": 0.002, "epochs": 6, "checkpoint_every_steps": 40,
+                  "log_every_steps": 20, "seed": 7, **train},
+        "evaluation": {"metrics": ["loss", "accuracy", "auc", "confusion_matrix"]},
+        "tracking": {"experiment": "flow-test", "registered_model": "digits-flow-test"},
+    }
+
+
+@pytest.mark.slow
+def test_training_pipeline_end_to_end(tmp_path, prefect_api):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from flows.pipeline import training_pipeline
+
+    config = parse_config(digits_config(tmp_path))
+    summary = training_pipeline(config)
+
+    assert summary.metrics["accuracy"] >= 0.9
+    assert summary.num_replicas == 2 and summary.global_batch_size == 64
+    client = MlflowClient(tracking_uri=config.mlflow_uri)
+    run = client.get_run(summary.mlflow_run_id)
+    params = run.data.params
+    assert params["strategy"] == "mirrored"
+    assert int(params["num_replicas"]) == 2
+    assert int(params["per_replica_batch_size"]) == 32
+    assert int(params["global_batch_size"]) == 64
+    assert float(params["base_learning_rate"]) == pytest.approx(0.002)
+    assert float(params["scaled_learning_rate"]) == pytest.approx(0.004)  # linear rule × 2 replicas
+    assert params["lr_scaling"] == "linear"
+    assert params["data_fingerprint"] == summary.data_fingerprint
+    assert int(params["steps_per_epoch"]) * 6 == int(params["total_steps"]) == summary.final_step
+    assert params["tensorflow_version"].startswith("2.21")
+
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert len(history) >= 3
+    assert history[-1].value < history[0].value
+    assert run.data.metrics["final_eval_accuracy"] == pytest.approx(summary.metrics["accuracy"])
+    assert run.data.tags["prefect_flow_run_id"]
+
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"data", "cluster", "evaluation"} <= artifacts
+    version = client.get_model_version("digits-flow-test", summary.model_version)
+    assert version.run_id == run.info.run_id
+
+    # The exported model reloads and gives the registered model's predictions.
+    import keras
+
+    export_dir = Path(summary.export_dir)
+    reloaded = keras.saving.load_model(export_dir / "model.keras")
+    from pipeline_lib.input_pipeline import create_dataset
+    from pipeline_lib.manifest import load_manifest
+
+    manifest = load_manifest(str(Path(config.output_root) / "data" / summary.data_fingerprint))
+    inputs, _labels = next(iter(create_dataset(manifest, "eval", 16)))
+    expected = np.asarray(reloaded.predict(inputs, verbose=0))
+    mlflow.set_tracking_uri(config.mlflow_uri)
+    served = mlflow.pyfunc.load_model(f"models:/digits-flow-test/{summary.model_version}")
+    got = served.predict({k: v.numpy() for k, v in inputs.items()})
+    got = np.asarray(got if not hasattr(got, "to_numpy") else got.to_numpy())
+    np.testing.assert_allclose(got.reshape(expected.shape), expected, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_cli_run_json_prints_summary_on_last_line(tmp_path, prefect_api):
+    import yaml
+
+    config = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=2)
+    path = tmp_path / "digits.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(path), "--json"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["pipeline"] == "digits-flow-test"
+    assert summary["mlflow_run_id"] and summary["model_version"] == "1"
+    assert summary["strategy"] == "default" and summary["global_batch_size"] == 32
+
+
+def test_cli_rejects_bad_config_before_anything_runs(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("data: {source: x.csv, label: y}\ntrain: {per_replica_batch_size: 0}\n")
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2
+    assert "train.per_replica_batch_size (0) in bad.yaml" in out.stderr
+    assert not (tmp_path / ".tfdag").exists()
