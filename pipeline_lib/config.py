@@ -225,9 +225,11 @@ class PipelineConfig(_Frozen):
 
     @property
     def mlflow_uri(self) -> str:
-        """The MLflow tracking URI; by default a sqlite store inside a local output_root."""
+        """The MLflow tracking URI: tracking.mlflow_uri, else $MLFLOW_TRACKING_URI, else a sqlite store in output_root."""
         if self.tracking.mlflow_uri:
             return self.tracking.mlflow_uri
+        if os.environ.get("MLFLOW_TRACKING_URI"):  # what `tfdag stack up` gives the worker's flow runs
+            return os.environ["MLFLOW_TRACKING_URI"]
         root = self.output_root
         if "://" in root and not root.startswith("file://"):
             root = DEFAULT_ROOT

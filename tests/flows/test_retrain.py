@@ -1,0 +1,129 @@
+"""`prefect deployment run 'retrain/nightly' --watch` on real Prefect and MLflow servers: promote, skip, refuse."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+
+from pipeline_lib import registry
+from tests.flows.conftest import FIRST_APPEND, INITIAL_ROWS, MODEL_NAME, worker_log_tail
+
+pytestmark = pytest.mark.slow
+
+
+def _flow_run_id(output: str) -> uuid.UUID:
+    match = re.search(r"UUID:\s*([0-9a-f-]{36})", output)
+    assert match, f"no flow run id in the CLI output:\n{output}"
+    return uuid.UUID(match.group(1))
+
+
+def _read_flow_run(flow_run_id: uuid.UUID):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id)
+
+
+def _artifacts(key: str):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+
+
+def _assert_ok(result, scenario) -> None:
+    assert result.returncode == 0, (f"exit {result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}\n"
+                                    f"--- worker log ---\n{worker_log_tail(scenario.running)}")
+
+
+def _versions(client) -> dict[int, object]:
+    return {int(v.version): client.get_model_version(MODEL_NAME, v.version)
+            for v in client.search_model_versions(f"name = '{MODEL_NAME}'")}
+
+
+def _champion(client) -> int:
+    return int(client.get_model_version_by_alias(MODEL_NAME, "champion").version)
+
+
+def test_first_retrain_trains_registers_and_promotes(retrain_scenario, mlflow_client, prefect_api):
+    first = retrain_scenario.first
+    _assert_ok(first, retrain_scenario)
+    retrain_run = _read_flow_run(_flow_run_id(first.stdout))
+    assert retrain_run.state.is_completed()
+    assert "version 1 promoted to champion" in retrain_run.state.message
+
+    experiment = mlflow_client.get_experiment_by_name("digits-retrain")
+    runs = mlflow_client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    params = run.data.params
+    assert params["strategy"] == "default" and int(params["per_replica_batch_size"]) == 32
+    assert int(params["epochs"]) == 3 and params["pipeline"] == "digits-retrain"
+    history = mlflow_client.get_metric_history(run.info.run_id, "loss")
+    assert len(history) >= 3 and history[-1].value < history[0].value
+    assert "accuracy" in run.data.metrics
+
+    version = mlflow_client.get_model_version(MODEL_NAME, "1")
+    assert version.run_id == run.info.run_id
+    assert _champion(mlflow_client) == 1
+    tags = version.tags
+    assert tags[registry.BLESSED_TAG] == "true"
+    assert tags[registry.COMPARED_WITH_TAG] == "none"
+    assert float(tags[registry.CHALLENGER_SCORE_TAG]) == pytest.approx(run.data.metrics["accuracy"])
+    assert tags[registry.FINGERPRINT_TAG] == retrain_scenario.source_fingerprint()
+    # The version names the Prefect runs that made it: the training subflow and the retrain flow.
+    assert tags["tfdag.retrain_flow_run_id"] == str(retrain_run.id)
+    subflow = _read_flow_run(uuid.UUID(tags["prefect_flow_run_id"]))
+    assert subflow.parent_task_run_id is not None and subflow.state.is_completed()
+
+    links = _artifacts("digits-retrain-mlflow-run")
+    assert links and run.info.run_id in links[0].data and retrain_scenario.running.state.mlflow_url in links[0].data
+    tables = _artifacts("digits-retrain-evaluation-table")
+    assert tables and tables[0].type == "table" and "accuracy" in str(tables[0].data)
+
+
+def test_unchanged_data_is_skipped_then_new_rows_make_a_version_and_a_worse_one_is_refused(
+        retrain_scenario, mlflow_client, prefect_api):
+    _assert_ok(retrain_scenario.first, retrain_scenario)
+    experiment = mlflow_client.get_experiment_by_name("digits-retrain")
+    num_runs = len(mlflow_client.search_runs([experiment.experiment_id]))
+
+    # 1. Nothing changed since the champion: no training, a clear message.
+    skipped = retrain_scenario.run()
+    _assert_ok(skipped, retrain_scenario)
+    state = _read_flow_run(_flow_run_id(skipped.stdout)).state
+    assert state.is_completed() and state.message.startswith("no new data since version 1")
+    assert len(mlflow_client.search_runs([experiment.experiment_id])) == num_runs
+    assert set(_versions(mlflow_client)) == {1}
+
+    # 2. New rows: a new version, compared with the champion on the same new eval split.
+    retrain_scenario.append_rows(INITIAL_ROWS, INITIAL_ROWS + FIRST_APPEND)
+    grown = retrain_scenario.run()
+    _assert_ok(grown, retrain_scenario)
+    versions = _versions(mlflow_client)
+    assert set(versions) == {1, 2}
+    v2 = versions[2].tags
+    assert v2[registry.FINGERPRINT_TAG] == retrain_scenario.source_fingerprint()
+    assert v2[registry.COMPARED_WITH_TAG] == "1"
+    challenger, champion = float(v2[registry.CHALLENGER_SCORE_TAG]), float(v2[registry.CHAMPION_SCORE_TAG])
+    blessed = v2[registry.BLESSED_TAG] == "true"
+    assert blessed == (challenger > champion)
+    assert _champion(mlflow_client) == (2 if blessed else 1)
+    champion_before = _champion(mlflow_client)
+
+    # 3. More rows, but a deliberately worse challenger (one training step): the alias stays.
+    retrain_scenario.append_rows(INITIAL_ROWS + FIRST_APPEND, len(retrain_scenario.rows) - 1)
+    worse = retrain_scenario.run(params={"overrides": {"train.steps": 1}})
+    _assert_ok(worse, retrain_scenario)
+    state = _read_flow_run(_flow_run_id(worse.stdout)).state
+    assert state.is_completed() and "version 3 not promoted" in state.message
+    v3 = _versions(mlflow_client)[3].tags
+    assert v3[registry.BLESSED_TAG] == "false"
+    assert v3[registry.COMPARED_WITH_TAG] == str(champion_before)
+    assert float(v3[registry.CHALLENGER_SCORE_TAG]) < float(v3[registry.CHAMPION_SCORE_TAG])
+    assert _champion(mlflow_client) == champion_before
+    worse_run = mlflow_client.get_run(_versions(mlflow_client)[3].run_id)
+    assert int(worse_run.data.params["total_steps"]) == 1
