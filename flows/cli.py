@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import sys
-from pathlib import Path
 
 DESCRIPTION = """\
 tfdag runs end-to-end TensorFlow training DAGs as Prefect flows:
@@ -34,19 +33,15 @@ def _load(path: str | None):
 
 
 def _prepare_demo_data(config) -> None:
-    """The demo reads the bundled digits CSV; write it on first use (no download)."""
     from pipeline_lib import demo_data
 
-    if config.data.source.endswith("digits.csv"):
-        demo_data.ensure_digits_csv(config.data.source, config.data.storage_options)
+    demo_data.ensure_demo_source(config.data)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from flows.pipeline import training_pipeline
 
-    config = _load(args.config)
-    _prepare_demo_data(config)
-    summary = training_pipeline(config)
+    summary = training_pipeline(_load(args.config))
     metrics = ", ".join(f"{k}: {v:.4f}" for k, v in summary.metrics.items())
     print(f"\ntfdag | {summary.pipeline} | {metrics}")
     if summary.model_name:

@@ -9,7 +9,7 @@ from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, ConfigDict
 
-from pipeline_lib import runs, sharding, storage, strategy, tracking
+from pipeline_lib import demo_data, runs, sharding, storage, strategy, tracking
 from pipeline_lib.config import PipelineConfig, resolve_config
 from tasks import stages
 
@@ -85,6 +85,7 @@ def _run(config: PipelineConfig, stage: _Stage, logger, extra_tags: dict[str, st
     tags = {"prefect_flow_run_id": flow_run_id, "tfdag_run_name": run_name, **extra_tags}
 
     stage("convert_to_tfrecords")
+    demo_data.ensure_demo_source(config.data)
     manifest = stages.convert_to_tfrecords(config)
     stage("validate_cluster")
     cluster_report = stages.validate_cluster(config)

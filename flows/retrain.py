@@ -12,7 +12,7 @@ from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows.pipeline import DEFAULT_CONFIG, PipelineSummary, run_pipeline
-from pipeline_lib import conversion, evaluation, registry, storage
+from pipeline_lib import conversion, demo_data, evaluation, registry, storage
 from pipeline_lib.config import ConfigError, PipelineConfig, resolve_config
 from pipeline_lib.manifest import SourceFingerprint, load_manifest
 from tasks.stages import _key
@@ -52,14 +52,6 @@ class RetrainResult(BaseModel):
     mlflow_run_id: str | None = None
     challenger_metrics: dict[str, float] = Field(default_factory=dict)
     champion_metrics: dict[str, float] = Field(default_factory=dict)
-
-
-def _prepare_demo_data(config: PipelineConfig) -> None:
-    """The bundled demo reads the digits CSV; write it on first use (no download), as `tfdag run` does."""
-    if config.data.source.endswith("digits.csv"):
-        from pipeline_lib import demo_data
-
-        demo_data.ensure_digits_csv(config.data.source, config.data.storage_options)
 
 
 def load_retrain_config(params: RetrainParameters) -> PipelineConfig:
@@ -177,7 +169,7 @@ def retrain(params: RetrainParameters = DEFAULT_PARAMETERS):
         name = config.tracking.registered_model
         assert name is not None
         stage = "fingerprint_source"
-        _prepare_demo_data(config)
+        demo_data.ensure_demo_source(config.data)
         fingerprint = fingerprint_source(config)
         stage = "find_champion"
         champion, latest = find_champion(config)

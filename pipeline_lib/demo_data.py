@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import io
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline_lib import storage
+
+if TYPE_CHECKING:
+    from pipeline_lib.config import DataConfig
 
 logger = logging.getLogger(__name__)
 
@@ -61,3 +64,17 @@ def ensure_digits_csv(uri: str, storage_options: dict[str, Any] | None = None) -
         logger.debug("demo-data | %s exists; keeping it", uri)
         return uri
     return write_digits_csv(uri, storage_options)
+
+
+DEMO_FILE_NAME = "digits.csv"
+
+
+def ensure_demo_source(data: "DataConfig") -> bool:
+    """The demo configs read `digits.csv`: write the bundled digits there on first use (no download).
+
+    Returns True when the source is the demo file (written now or already present).
+    """
+    if not data.source.rstrip("/").endswith(DEMO_FILE_NAME):
+        return False
+    ensure_digits_csv(data.source, data.storage_options)
+    return True

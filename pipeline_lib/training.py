@@ -57,7 +57,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline_lib import checkpoints as ckpt
-from pipeline_lib import input_pipeline, models
+from pipeline_lib import input_pipeline, models, publish, staging
 from pipeline_lib import strategy as strategies
 from pipeline_lib.cluster import ClusterInfo, cluster_from_env
 from pipeline_lib.config import Direction, PipelineConfig, Strategy, Task
@@ -255,13 +255,15 @@ def train(
     """Train the configured model on the plan's shards under the configured strategy.
 
     Every worker runs exactly `plan.total_steps` steps in total, counting the steps restored from
-    the newest valid checkpoint in `<run_dir>/checkpoints`.
+    the newest valid checkpoint in `<run_dir>/checkpoints`. A dataset on remote storage is first staged:
+    each worker copies only the shards its plan assigns it to a verified local cache (`staging`).
 
     Args:
         config: the pipeline config (model, train, evaluation sections are used).
         manifest: the dataset manifest.
         plan: the shard plan for this cluster.
-        run_dir: where checkpoints and TensorBoard logs go (a local path, or one TensorFlow can write).
+        run_dir: where checkpoints and TensorBoard logs go: a local path, or any fsspec URI (`s3://...`),
+            which TensorFlow writes to a local mirror first and the chief publishes (see `publish.RunStorage`).
         cluster: this process's cluster value; default parsed from TF_CONFIG.
         metrics_sink: where the chief logs metrics; default discards them.
         hooks: step callbacks (heartbeats, fault injection, preemption).
@@ -288,6 +290,11 @@ def train(
         tf.config.experimental.enable_op_determinism()
     elif train_config.seed is not None:
         keras.utils.set_random_seed(train_config.seed)
+    if staging.needs_staging(manifest):
+        # tf.data reads local files only; under parameter_server the coordinator's datasets read every file.
+        manifest = staging.stage_for_worker(
+            manifest, None if strategy_choice.kind == Strategy.PARAMETER_SERVER else plan, cluster,
+            storage_options=config.storage_options)
     if strategy_choice.kind == Strategy.PARAMETER_SERVER:
         return _train_parameter_server(config, manifest, plan, run_dir, cluster, sink, hooks, strategy_choice,
                                        started)
@@ -311,14 +318,16 @@ def _create_state(config: PipelineConfig, manifest: Manifest, choice: strategies
 
 
 def _restore(store: ckpt.CheckpointStore, checkpoint: tf.train.Checkpoint, model: keras.Model,
-             choice: strategies.StrategyChoice, config: PipelineConfig) -> int:
+             choice: strategies.StrategyChoice, config: PipelineConfig, run_storage: publish.RunStorage) -> int:
+    # A remote run resumes from what the chief published, the same on every worker.
+    run_storage.prepare_restore()
     # Checkpoint restoring should be inside scope (b/139450638).
     with choice.strategy.scope():
         record = store.restore_latest()
         if record is not None:
             return int(checkpoint.step.numpy())
         if config.train.warm_start_uri:
-            tf.train.Checkpoint(model=model).read(config.train.warm_start_uri).expect_partial()
+            tf.train.Checkpoint(model=model).read(config.train.warm_start_uri).assert_existing_objects_matched()
             logger.info("warm start: model weights from %s", config.train.warm_start_uri)
     return 0
 
@@ -328,6 +337,30 @@ def _current_lr(optimizer) -> float:
         return float(np.asarray(optimizer.learning_rate))
     except (TypeError, ValueError):
         return float("nan")
+
+
+def _run_storage(run_dir: str, cluster: ClusterInfo, config: PipelineConfig) -> publish.RunStorage:
+    return publish.RunStorage(run_dir, cluster, config.storage_options, checkpoint_subdir=CHECKPOINT_DIR,
+                              tensorboard_subdir=TENSORBOARD_DIR)
+
+
+def _sync_logs(run_storage: publish.RunStorage, progress: "_Progress | None") -> None:
+    """Chief of a remote run: flush the summary writer and upload the TensorBoard files that changed."""
+    if run_storage.tensorboard_sync is None:
+        return
+    if progress is not None and progress.writer is not None:
+        progress.writer.flush()
+    run_storage.sync_tensorboard()
+
+
+def _publish(run_storage: publish.RunStorage, progress: "_Progress", record: ckpt.CheckpointRecord | None,
+             keep: int, best_metric: str, best_mode: str) -> None:
+    """Chief of a remote run: upload the checkpoint just saved (manifest last), then its TensorBoard logs."""
+    if record is None or not run_storage.is_remote:
+        return
+    if progress.writer is not None:
+        progress.writer.flush()
+    run_storage.publish_checkpoint(record, keep=keep, best_metric=best_metric, best_mode=best_mode)
 
 
 class _Progress:
@@ -387,13 +420,14 @@ def _train_synchronous(config, manifest, plan, run_dir, cluster, sink, hooks, ch
     strategy = choice.strategy
     global_batch = _check_plan(plan, choice, config)
     is_classification = config.model.task == Task.CLASSIFICATION
-    checkpoint_dir = os.path.join(run_dir, CHECKPOINT_DIR)
-    tensorboard_dir = os.path.join(run_dir, TENSORBOARD_DIR)
+    run_storage = _run_storage(run_dir, cluster, config)
+    checkpoint_dir = run_storage.local_checkpoint_dir
+    tensorboard_dir = run_storage.local_tensorboard_dir
     model, optimizer, step_var, checkpoint = _create_state(config, manifest, choice)
     best_metric, best_mode = _best_metric(config)
     store = ckpt.CheckpointStore(checkpoint_dir, checkpoint, cluster=cluster, keep=train_config.keep_checkpoints,
                                  best_metric=best_metric, best_mode=best_mode)
-    start_step = _restore(store, checkpoint, model, choice, config)
+    start_step = _restore(store, checkpoint, model, choice, config, run_storage)
     total_steps, steps_per_epoch = plan.total_steps, plan.steps_per_epoch
     if start_step > total_steps:
         raise TrainingError(f"the checkpoint in {checkpoint_dir} is at step {start_step}, past the plan's "
@@ -459,7 +493,9 @@ def _train_synchronous(config, manifest, plan, run_dir, cluster, sink, hooks, ch
             progress.log_eval(at_step, metrics)
             return metrics
 
-        return store.save(at_step, metrics_fn=measure)
+        record = store.save(at_step, metrics_fn=measure)
+        _publish(run_storage, progress, record, train_config.keep_checkpoints, best_metric, best_mode)
+        return record
 
     try:
         while step < total_steps:
@@ -482,6 +518,7 @@ def _train_synchronous(config, manifest, plan, run_dir, cluster, sink, hooks, ch
                     logger.warning("loss is %s at step %d", last_loss, step)
                 if step % train_config.log_every_steps == 0 or step == total_steps:
                     progress.log(step, last_loss, _current_lr(optimizer))
+                    _sync_logs(run_storage, progress)
                 if step % train_config.checkpoint_every_steps == 0 or step == total_steps:
                     save(step)
                     last_saved = step
@@ -493,8 +530,9 @@ def _train_synchronous(config, manifest, plan, run_dir, cluster, sink, hooks, ch
             save(step)
     finally:
         progress.close()
+        _sync_logs(run_storage, None)
 
-    records = tuple(ckpt.list_checkpoints(checkpoint_dir)) if cluster.is_chief else ()
+    records = run_storage.checkpoint_records() if cluster.is_chief else ()
     return TrainResult(
         run_dir=run_dir,
         strategy=choice.kind.value,
@@ -511,9 +549,9 @@ def _train_synchronous(config, manifest, plan, run_dir, cluster, sink, hooks, ch
         total_steps=total_steps,
         final_step=step,
         final_loss=last_loss,
-        checkpoint_dir=checkpoint_dir,
+        checkpoint_dir=run_storage.checkpoint_dir,
         checkpoints=records,
-        tensorboard_dir=tensorboard_dir,
+        tensorboard_dir=run_storage.tensorboard_dir,
         examples_per_sec=progress.examples_per_sec,
         wall_s=time.perf_counter() - started,
         start_step=start_step,
@@ -536,14 +574,15 @@ def _train_parameter_server(config, manifest, plan, run_dir, cluster, sink, hook
     # Each scheduled step runs on one worker; its batch is that worker's replicas.
     global_batch = per_replica_batch * choice.num_replicas
     is_classification = config.model.task == Task.CLASSIFICATION
-    checkpoint_dir = os.path.join(run_dir, CHECKPOINT_DIR)
-    tensorboard_dir = os.path.join(run_dir, TENSORBOARD_DIR)
+    run_storage = _run_storage(run_dir, cluster, config)
+    checkpoint_dir = run_storage.local_checkpoint_dir
+    tensorboard_dir = run_storage.local_tensorboard_dir
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     model, optimizer, step_var, checkpoint = _create_state(config, manifest, choice)
     best_metric, best_mode = _best_metric(config)
     store = ckpt.CheckpointStore(checkpoint_dir, checkpoint, cluster=cluster, keep=train_config.keep_checkpoints,
                                  best_metric=best_metric, best_mode=best_mode)
-    start_step = _restore(store, checkpoint, model, choice, config)
+    start_step = _restore(store, checkpoint, model, choice, config, run_storage)
     total_steps = plan.total_steps
     per_example_loss = _loss_fn(config.model.task)
     mixed = train_config.mixed_precision
@@ -591,7 +630,9 @@ def _train_parameter_server(config, manifest, plan, run_dir, cluster, sink, hook
             progress.log_eval(at_step, metrics)
             return metrics
 
-        return store.save(at_step, metrics_fn=measure)
+        record = store.save(at_step, metrics_fn=measure)
+        _publish(run_storage, progress, record, train_config.keep_checkpoints, best_metric, best_mode)
+        return record
 
     try:
         while step < total_steps:
@@ -607,6 +648,7 @@ def _train_parameter_server(config, manifest, plan, run_dir, cluster, sink, hook
             last_loss = losses[-1]
             if step % train_config.log_every_steps == 0 or step == total_steps:
                 progress.log(step, last_loss, _current_lr(optimizer))
+                _sync_logs(run_storage, progress)
             if step % train_config.checkpoint_every_steps == 0 or step == total_steps:
                 save(step)
                 last_saved = step
@@ -617,6 +659,7 @@ def _train_parameter_server(config, manifest, plan, run_dir, cluster, sink, hook
             save(step)
     finally:
         progress.close()
+        _sync_logs(run_storage, None)
 
     return TrainResult(
         run_dir=run_dir, strategy=choice.kind.value, strategy_reason=choice.reason, num_workers=choice.num_workers,
@@ -625,8 +668,8 @@ def _train_parameter_server(config, manifest, plan, run_dir, cluster, sink, hook
         scaled_learning_rate=strategies.scaled_learning_rate(
             train_config.base_learning_rate, train_config.lr_scaling, choice.num_replicas),
         lr_scaling=train_config.lr_scaling.value, steps_per_epoch=plan.steps_per_epoch, total_steps=total_steps,
-        final_step=step, final_loss=last_loss, checkpoint_dir=checkpoint_dir,
-        checkpoints=tuple(ckpt.list_checkpoints(checkpoint_dir)), tensorboard_dir=tensorboard_dir,
+        final_step=step, final_loss=last_loss, checkpoint_dir=run_storage.checkpoint_dir,
+        checkpoints=run_storage.checkpoint_records(), tensorboard_dir=run_storage.tensorboard_dir,
         examples_per_sec=progress.examples_per_sec, wall_s=time.perf_counter() - started, start_step=start_step,
     )
 
