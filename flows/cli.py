@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 DESCRIPTION = """\
@@ -161,6 +162,17 @@ def cmd_stack(args: argparse.Namespace) -> int:
     return stack.stack_command(args.action, root=args.root, out=sys.stdout)
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors caused by the input (config, data, cluster, storage): printed as one clear message, exit 2."""
+    from pipeline_lib.cluster import ClusterConfigError
+    from pipeline_lib.config import ConfigError
+    from pipeline_lib.conversion import ConversionError
+    from pipeline_lib.sharding import PlanError
+    from pipeline_lib.storage import StorageError
+
+    return (ConfigError, ConversionError, PlanError, ClusterConfigError, StorageError)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tfdag", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -211,13 +223,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # TensorFlow's C++ start-up chatter (oneDNN, cuInit on GPU-less machines) buries the progress lines;
+    # workers inherit this. Prefect's anonymous telemetry is off: nothing leaves the machine.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from pipeline_lib.config import ConfigError
-
+    for noisy in ("httpx", "httpcore", "alembic", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return args.fn(args)
-    except ConfigError as error:
+    except _user_errors() as error:
         print(f"tfdag: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

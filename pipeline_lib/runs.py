@@ -17,5 +17,6 @@ def new_run_name(pipeline_name: str) -> str:
 
 
 def run_dir_for(output_root: str, run_name: str) -> str:
-    """<output_root>/runs/<run_name>."""
-    return storage.join(output_root, "runs", run_name)
+    """<output_root>/runs/<run_name>; absolute for a local root, so every process agrees on it."""
+    root = storage.local_path(output_root) if storage.is_local(output_root) else output_root
+    return storage.join(root, "runs", run_name)

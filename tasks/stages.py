@@ -9,7 +9,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
 from pipeline_lib import cluster as cluster_lib
-from pipeline_lib import consolidation, conversion, evaluation, launcher, sharding, tracking
+from pipeline_lib import consolidation, conversion, evaluation, launcher, sharding, storage, tracking
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.manifest import Manifest
 from pipeline_lib.training import TrainResult
@@ -81,10 +81,20 @@ def train(config: PipelineConfig, manifest: Manifest, plan: sharding.ShardPlan, 
         if mlflow_run_id:
             tracking.record_restart(mlflow_run_id, config.mlflow_uri, attempt, cause)
 
-    result = launcher.launch_training(
-        config, manifest, plan, run_dir, mlflow_run_id=mlflow_run_id, log_fn=logger.info, on_restart=on_restart
-    )
-    return result
+    try:
+        return launcher.launch_training(
+            config, manifest, plan, run_dir, mlflow_run_id=mlflow_run_id, log_fn=logger.info, on_restart=on_restart
+        )
+    finally:
+        _preflight_artifact(config, run_dir)
+
+
+def _preflight_artifact(config: PipelineConfig, run_dir: str) -> None:
+    """The cross-worker preflight report (written by the chief, env values masked), pass or fail."""
+    fs, path = storage.get_fs(storage.join(run_dir, "preflight", "report.md"), config.storage_options)
+    if fs.exists(path):
+        create_markdown_artifact(fs.cat_file(path).decode(), key=_key(f"{config.name}-preflight"),
+                                 description="Cross-worker preflight")
 
 
 @task(name="consolidate_checkpoints")
