@@ -699,10 +699,11 @@ def _coerce_arrow(raw: pa.Array, ctype: _ColumnType, is_csv: bool) -> _Column:
         raw = raw.combine_chunks()
     num_rows = len(raw)
     mark = _Marker(raw, num_rows)
-    missing = raw.is_null()
-    if is_csv and ctype.dtype != DType.STRING:
-        missing = pc.or_(missing, pc.equal(raw, ""))
-    mark(np.flatnonzero(missing.to_numpy(zero_copy_only=False)), "is missing")
+    if raw.null_count or (is_csv and ctype.dtype != DType.STRING):
+        missing = raw.is_null()
+        if is_csv and ctype.dtype != DType.STRING:
+            missing = pc.or_(missing, pc.equal(raw, ""))
+        mark(np.flatnonzero(missing.to_numpy(zero_copy_only=False)), "is missing")
     if ctype.shape:
         return _coerce_arrow_vector(raw, ctype, mark)
     if ctype.dtype == DType.STRING:
@@ -729,6 +730,8 @@ def _coerce_arrow(raw: pa.Array, ctype: _ColumnType, is_csv: bool) -> _Column:
             mark(good_rows[_unconvertible(subset, target)],
                  f"cannot be converted to {ctype.dtype.value} (the type inferred from the first chunk)")
             continue
+        if len(good_rows) == num_rows:  # the common case: no copy into `out`
+            return mark.column(converted.to_numpy(zero_copy_only=False).astype(out.dtype, copy=False))
         out[good_rows] = converted.to_numpy(zero_copy_only=False)
         return mark.column(out)
 
@@ -747,9 +750,10 @@ def _coerce_arrow_vector(raw: pa.Array, ctype: _ColumnType, mark: _Marker) -> _C
         good_rows = np.flatnonzero(~mark.bad)
         if not len(good_rows):
             return mark.column(out)
-        flat = pc.list_flatten(raw.filter(pa.array(~mark.bad)))
-        inner_null = flat.is_null().to_numpy(zero_copy_only=False).reshape(-1, width).any(axis=1)
-        if inner_null.any():
+        all_good = len(good_rows) == num_rows
+        flat = pc.list_flatten(raw if all_good else raw.filter(pa.array(~mark.bad)))
+        if flat.null_count:
+            inner_null = flat.is_null().to_numpy(zero_copy_only=False).reshape(-1, width).any(axis=1)
             mark(good_rows[inner_null], "holds a missing value")
             continue
         try:
@@ -758,6 +762,8 @@ def _coerce_arrow_vector(raw: pa.Array, ctype: _ColumnType, mark: _Marker) -> _C
             failing = np.unique(np.array(_unconvertible(flat, target), dtype=np.int64) // width)
             mark(good_rows[failing], f"holds a value that cannot be converted to {ctype.dtype.value}")
             continue
+        if all_good:  # the common case: the Arrow buffer itself, no copy into `out`
+            return mark.column(values.to_numpy(zero_copy_only=False).astype(out.dtype, copy=False).reshape(-1, width))
         out[good_rows] = values.to_numpy(zero_copy_only=False).reshape(-1, width)
         return mark.column(out)
 
@@ -874,13 +880,19 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-def _mix(h: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer: a bijective avalanche on uint64 (wrapping arithmetic is intended)."""
-    h = h ^ (h >> np.uint64(30))
-    h = h * _M1
-    h = h ^ (h >> np.uint64(27))
-    h = h * _M2
-    return h ^ (h >> np.uint64(31))
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
+def _mix(h: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
+    """splitmix64's finalizer, in place on `h`: a bijective avalanche on uint64 (wrapping arithmetic is intended)."""
+    scratch = np.empty_like(h) if scratch is None else scratch
+    for shift, multiplier in ((_S30, _M1), (_S27, _M2)):
+        np.right_shift(h, shift, out=scratch)
+        h ^= scratch
+        h *= multiplier
+    np.right_shift(h, _S31, out=scratch)
+    h ^= scratch
+    return h
 
 
 def _words(values: Any) -> np.ndarray:
@@ -915,12 +927,16 @@ def split_hash(columns: dict[str, Any], seed: int) -> np.ndarray:
         One uint64 per row.
     """
     num_rows = len(next(iter(columns.values())))
-    h = _mix(np.full(num_rows, np.uint64(seed & 0xFFFFFFFFFFFFFFFF) ^ np.uint64(0x9E3779B97F4A7C15)))
+    scratch = np.empty(num_rows, dtype=np.uint64)
+    h = _mix(np.full(num_rows, np.uint64(seed & 0xFFFFFFFFFFFFFFFF) ^ np.uint64(0x9E3779B97F4A7C15)), scratch)
     for name, values in columns.items():
-        h = _mix(h ^ _name_word(name))
-        words = _words(values)
-        for j in range(words.shape[1]):
-            h = _mix(h ^ words[:, j])
+        h ^= _name_word(name)
+        _mix(h, scratch)
+        # Word-major: each step reads one contiguous row of words instead of a strided column.
+        words = _words(values).T.copy()
+        for word in words:
+            h ^= word
+            _mix(h, scratch)
     return h
 
 
@@ -1163,15 +1179,19 @@ class _BackgroundWrites:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-write")
         self._pending: concurrent.futures.Future | None = None
 
-    def submit(self, shards: dict[str, _RollingShards], parts: dict[str, encoding.EncodedBatch | None]) -> None:
+    def submit(self, shards: dict[str, _RollingShards], batch: encoding.EncodedBatch, to_eval: np.ndarray) -> None:
+        """Queue `batch`: rows where `to_eval` is true go to the eval shards, the rest to train."""
         self.wait()
-        self._pending = self._pool.submit(self._write, shards, parts)
+        self._pending = self._pool.submit(self._write, shards, batch, to_eval)
 
     @staticmethod
-    def _write(shards, parts) -> None:
-        for split, batch in parts.items():
-            if batch is not None:
-                shards[split].write(batch)
+    def _write(shards, batch: encoding.EncodedBatch, to_eval: np.ndarray) -> None:
+        # The row selection copies every record once; done here, it overlaps the next chunk's encoding.
+        num_eval = int(to_eval.sum())
+        if num_eval:
+            shards["eval"].write(batch.take(to_eval))
+        if num_eval < len(batch):
+            shards["train"].write(batch.take(~to_eval))
 
     def wait(self) -> None:
         if self._pending is not None:
@@ -1250,9 +1270,7 @@ def _convert_chunk(chunk: _RawChunk, fmt: DataFormat, data: DataConfig, features
     to_eval = eval_mask(hashes, data.split.eval_fraction)
     batch = encoding.encode_tfrecords({**{name: values[name] for name in features}, data.label: encoded_label})
     num_eval = int(to_eval.sum())
-    parts = {"eval": batch.take(to_eval) if num_eval else None,
-             "train": batch.take(~to_eval) if num_eval < num_rows else None}
-    writes.submit(shards, parts)
+    writes.submit(shards, batch, to_eval)
     stats.num_rows["eval"] += num_eval
     stats.num_rows["train"] += num_rows - num_eval
 

@@ -30,6 +30,8 @@ ColumnLike = np.ndarray | pa.Array | pa.ChunkedArray | Sequence[Any]
 
 # Rows assembled at a time: bounds the int64 index arrays of the scatter to a few MiB.
 _BATCH_ROWS = 8192
+# Rows framed in one piece when every field has a fixed width (no index arrays: memory is the output itself).
+_FIXED_ROWS = 1 << 17
 _MASK_DELTA = 0xA282EAD8
 _VARINT_LIMITS = np.array([1 << (7 * i) for i in range(1, 10)], dtype=np.uint64)
 _U8 = np.uint8
@@ -344,6 +346,48 @@ def encode_examples(columns: Mapping[str, ColumnLike]) -> EncodedBatch:
     return _concat(batches)
 
 
+def _record_crcs(data: np.ndarray, starts: Sequence[int], size: int | None = None,
+                 ends: Sequence[int] | None = None) -> np.ndarray:
+    """Masked crc32c of data[start:start + size] (or data[start:end]) for each start, as (n, 4) little-endian bytes."""
+    view = memoryview(data)
+    value = _crc32c.crc32c
+    # One C call per record; a list comprehension over ints is the cheapest Python loop around it.
+    if size is not None:
+        crcs = [value(view[s : s + size]) for s in starts]
+    else:
+        crcs = [value(view[s:e]) for s, e in zip(starts, ends)]
+    return _mask(np.array(crcs, dtype=np.uint64)).view(_U8).reshape(-1, 4)
+
+
+def _fixed_tfrecords(example: Sequence[_Piece], rows: int, size: int) -> EncodedBatch:
+    """Frame rows whose pieces all have the same width: a template row of the constant bytes, then the columns.
+
+    Constant pieces (stride 0: tags, keys, lengths) are copied once into the template instead of once per row,
+    so a row of a few numeric columns costs one template copy, one strided copy per column and one crc call.
+    """
+    width = 12 + size + 4
+    template = np.zeros(width, dtype=_U8)
+    template[:8] = np.frombuffer(size.to_bytes(8, "little"), dtype=_U8)
+    template[8:12] = np.frombuffer(masked_crc32c(size.to_bytes(8, "little")).to_bytes(4, "little"), dtype=_U8)
+    variable: list[tuple[int, np.ndarray]] = []
+    position = 12
+    for piece in example:
+        fixed = piece.fixed
+        w = fixed.shape[1]
+        if w and fixed.strides[0] == 0:
+            template[position : position + w] = fixed[0]
+        elif w:
+            variable.append((position, fixed))
+        position += w
+    out = np.empty((rows, width), dtype=_U8)
+    out[:] = template
+    for position, fixed in variable:
+        out[:, position : position + fixed.shape[1]] = fixed
+    if rows:
+        out[:, -4:] = _record_crcs(out.reshape(-1), range(12, rows * width, width), size)
+    return EncodedBatch(out.reshape(-1), np.arange(rows + 1, dtype=np.int64) * width)
+
+
 def encode_tfrecords(columns: Mapping[str, ColumnLike]) -> EncodedBatch:
     """Like `encode_examples`, but every record framed for a TFRecord file (length, data and masked CRCs).
 
@@ -351,6 +395,11 @@ def encode_tfrecords(columns: Mapping[str, ColumnLike]) -> EncodedBatch:
     (up to the order of features inside each Example, which protobuf maps leave free).
     """
     num_rows = _num_rows(columns)
+    if 0 < num_rows <= _FIXED_ROWS:
+        # Fixed-width numeric rows (every varint the same length) need no index arrays: the whole input at once.
+        example = _example_pieces(columns, num_rows)
+        if all(piece.fixed is not None for piece in example):
+            return _fixed_tfrecords(example, num_rows, int(_total(example, 1)[0]))
     batches = []
     length_crcs: dict[int, bytes] = {}
     for start in range(0, max(num_rows, 1), _BATCH_ROWS):
@@ -358,6 +407,9 @@ def encode_tfrecords(columns: Mapping[str, ColumnLike]) -> EncodedBatch:
         rows = stop - start
         part = {name: _slice(values, start, stop) for name, values in columns.items()}
         example = _example_pieces(part, rows)
+        if rows and all(piece.fixed is not None for piece in example):
+            batches.append(_fixed_tfrecords(example, rows, int(_total(example, 1)[0])))
+            continue
         sizes = _total(example, rows)
         # uint64 length and its masked crc: identical for rows of the same size, so computed once per size.
         header = np.empty((rows, 12), dtype=_U8)
@@ -371,13 +423,8 @@ def encode_tfrecords(columns: Mapping[str, ColumnLike]) -> EncodedBatch:
         header[:, 8:] = crc_table[inverse.reshape(-1)]
         footer = np.zeros((rows, 4), dtype=_U8)
         data, offsets = _assemble([_Piece(fixed=header), *example, _Piece(fixed=footer)], rows)
-        view = memoryview(data)
-        value = _crc32c.crc32c
         ends = offsets[1:] - 4
-        starts = offsets[:-1] + 12
-        crcs = np.fromiter((value(view[s:e]) for s, e in zip(starts.tolist(), ends.tolist())), dtype=np.uint64,
-                           count=rows)
-        masked = _mask(crcs).view(_U8).reshape(rows, 4)
+        masked = _record_crcs(data, (offsets[:-1] + 12).tolist(), ends=ends.tolist())
         if rows and int(sizes.min()) == int(sizes.max()):
             data.reshape(rows, -1)[:, -4:] = masked
         else:
