@@ -21,7 +21,8 @@ The preflight directory must be fresh for each attempt (the launcher removes it 
 
 Test-only override: the environment variable `TFDAG_PREFLIGHT_OVERRIDE` holds a JSON object whose
 keys replace fields of this task's fingerprint before it is written, so a test can fake a skewed
-node, e.g. `TFDAG_PREFLIGHT_OVERRIDE='{"tensorflow": "2.13.1"}'`. Keys: the version names (python,
+node, e.g. `TFDAG_PREFLIGHT_OVERRIDE='{"tensorflow": "2.13.1"}'`; with `"task": "worker 1"` in the object
+only that task applies it (how a whole local `tfdag run` fakes one skewed worker). Keys: the version names (python,
 tensorflow, keras, protobuf, numpy, tfdag), `config_hash`, `data_hash`, the TF build keys
 (`cuda_version`, `cudnn_version`, ...) and `gpus` (a list of {"device", "name", "memory_mb"}). The
 overridden keys are recorded in the fingerprint's `overrides` and reported as a warning.
@@ -156,6 +157,7 @@ def _slot(task_type: str, task_index: int) -> str:
 
 
 def _apply_override(values: dict[str, Any], environ: Mapping[str, str]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Apply the test-only override; an optional "task" key ("worker 1") limits it to that one task."""
     text = environ.get(OVERRIDE_ENV, "").strip()
     if not text:
         return values, ()
@@ -166,6 +168,10 @@ def _apply_override(values: dict[str, Any], environ: Mapping[str, str]) -> tuple
                              '\'{"tensorflow": "2.13.1"}\' or unset it') from None
     if not isinstance(override, dict):
         raise PreflightError(f"{OVERRIDE_ENV} ({text!r}) must be a JSON object of fingerprint fields")
+    override = dict(override)
+    target = override.pop("task", None)
+    if target is not None and str(target) != f"{values['task_type']} {values['task_index']}":
+        return values, ()
     allowed = {*values["versions"], *values["tf_build"], "config_hash", "data_hash", "gpus"}
     unknown = sorted(set(override) - allowed)
     if unknown:
