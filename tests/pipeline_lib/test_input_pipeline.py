@@ -88,3 +88,53 @@ def test_bad_arguments_name_the_value(tiny_manifest):
         input_pipeline.create_dataset(tiny_manifest, "train", 8, shard=(2, 2))
     with pytest.raises(ValueError, match="'test' has no shards"):
         input_pipeline.create_dataset(tiny_manifest, "test", 8)
+
+
+def _reference(manifest, batch_size, *, shuffle=False, seed=0, shuffle_buffer=256, shard=None, repeat=False,
+               drop_remainder=False, skip_batches=0):
+    """The plain recipe: batch the record stream to batch_size, then parse each batch."""
+    dataset = tf.data.TFRecordDataset(input_pipeline.shard_uris(manifest, "train"))
+    if shard is not None:
+        dataset = dataset.shard(*shard)
+    if shuffle:
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        dataset = dataset.repeat()
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder).skip(skip_batches)
+    return dataset.map(input_pipeline.make_parse_fn(manifest.feature_schema))
+
+
+def _batches(dataset, limit=None):
+    dataset = dataset.take(limit) if limit is not None else dataset
+    return [(inputs["numeric"].numpy(), inputs["color"].numpy(), labels.numpy()) for inputs, labels in dataset]
+
+
+@pytest.mark.parametrize("batch_size,parse_rows,options", [
+    (16, 40, {}),  # parse batches of 48 records cut into 3 batches of 16
+    (24, 40, {"drop_remainder": True}),  # 48-record parse batches; 256 records end in a partial batch
+    (7, 20, {"shuffle": True, "seed": 3, "skip_batches": 5}),  # batches span parse-batch boundaries
+    (10, 64, {"shard": (2, 1), "drop_remainder": True}),
+    (12, 30, {"shuffle": True, "seed": 1, "repeat": True, "drop_remainder": True, "skip_batches": 30}),
+    (300, 1024, {}),  # batch larger than the data: one partial batch
+])
+def test_parse_batching_gives_the_batches_of_the_plain_recipe(tiny_manifest, monkeypatch, batch_size, parse_rows,
+                                                               options):
+    monkeypatch.setattr(input_pipeline, "PARSE_BATCH_ROWS", parse_rows)
+    assert input_pipeline.parse_batch_size(batch_size) % batch_size == 0
+    assert input_pipeline.parse_batch_size(batch_size) >= min(parse_rows, batch_size)
+    limit = 60 if options.get("repeat") else None
+    got = _batches(input_pipeline.create_dataset(tiny_manifest, "train", batch_size, shuffle_buffer=256, **options),
+                   limit)
+    expected = _batches(_reference(tiny_manifest, batch_size, **options), limit)
+    assert len(got) == len(expected) > 0
+    for (numeric, colors, labels), (numeric_ref, colors_ref, labels_ref) in zip(got, expected):
+        np.testing.assert_array_equal(numeric, numeric_ref)
+        np.testing.assert_array_equal(colors, colors_ref)
+        np.testing.assert_array_equal(labels, labels_ref)
+
+
+def test_parse_batch_size_is_a_multiple_of_the_batch():
+    rows = input_pipeline.PARSE_BATCH_ROWS
+    assert input_pipeline.parse_batch_size(32) == max(32, rows) and rows % 32 == 0
+    assert input_pipeline.parse_batch_size(300) == 300 * -(-rows // 300)
+    assert input_pipeline.parse_batch_size(4 * rows) == 4 * rows
