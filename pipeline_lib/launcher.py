@@ -39,13 +39,20 @@ import sys
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from pipeline_lib import storage
 from pipeline_lib.cluster import ClusterInfo
 from pipeline_lib.config import PipelineConfig, Strategy
-from pipeline_lib.worker import (PARENT_PID_ENV, PREEMPTION_EXIT_CODE, RESULT_NAME, WorkerSpec, heartbeat_name,
-                                 read_heartbeat)
+from pipeline_lib.worker import (
+    PARENT_PID_ENV,
+    PREEMPTION_EXIT_CODE,
+    RESULT_NAME,
+    WorkerSpec,
+    heartbeat_name,
+    read_heartbeat,
+)
 
 if TYPE_CHECKING:  # training imports TensorFlow; the launcher process does not need it
     from pipeline_lib.manifest import Manifest
@@ -248,8 +255,8 @@ class _Process:
             with self._log_lock:
                 try:
                     self._log_fn(prefix + line)
-                except Exception:  # noqa: BLE001 - a broken log sink must not stop the pump (or block the pipe)
-                    pass
+                except Exception:  # a broken log sink must not stop the pump (or block the pipe)
+                    logger.debug("log_fn failed on a line of %s", self.task.name, exc_info=True)
         self.popen.stdout.close()
 
     def poll(self) -> int | None:
@@ -369,8 +376,9 @@ class _Supervisor:
         tasks = plan_tasks(self.config)
         self._start(tasks)
         started = time.monotonic()
-        self._watches = watches = {p.task.name: _Watch(os.path.join(self.spec.heartbeat_dir, heartbeat_name(p.task.cluster)),
-                                       started) for p in self.processes if p.task.is_trainer}
+        watches = {p.task.name: _Watch(os.path.join(self.spec.heartbeat_dir, heartbeat_name(p.task.cluster)), started)
+                   for p in self.processes if p.task.is_trainer}
+        self._watches = watches
         hang_timeout = self.config.train.hang_timeout_s
         chief = next(p for p in self.processes if p.task.cluster.is_chief)
         chief_done_at: float | None = None

@@ -112,3 +112,109 @@ def iter_files(local_dir: str) -> Iterator[str]:
 
 
 import fsspec.implementations.local  # noqa: E402  (registers LocalFileSystem for isinstance checks)
+
+
+SECRET_MARKERS = ("KEY", "SECRET", "TOKEN", "PASSWORD")
+
+
+def redact_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """storage_options safe to log: values under names containing KEY, SECRET, TOKEN or PASSWORD masked."""
+    def clean(value: Any, name: str = "") -> Any:
+        if any(marker in name.upper() for marker in SECRET_MARKERS):
+            return "***"
+        if isinstance(value, dict):
+            return {k: clean(v, str(k)) for k, v in value.items()}
+        return value
+
+    return clean(dict(options or {}))
+
+
+def _has_glob(uri: str) -> bool:
+    return any(c in uri for c in "*?[")
+
+
+def _bucket_of(uri: str) -> str:
+    return uri.split("://", 1)[-1].split("/", 1)[0]
+
+
+def _describe_failure(error: BaseException, key: str, uri: str, options_key: str) -> str:
+    """Turn a storage client's exception into: what failed, on which URI, and the fix (no secret included)."""
+    text = f"{type(error).__name__}: {error}"
+    lowered = text.lower()
+    where = f"{key} ({uri!r})"
+    credentials = (f"check the credentials: the environment (AWS_ACCESS_KEY_ID / AWS_PROFILE, "
+                   f"GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*) or {options_key} in the config")
+    if any(word in lowered for word in ("invalidaccesskeyid", "signaturedoesnotmatch", "accessdenied",
+                                        "access denied", "forbidden", "invalidtoken", "expiredtoken",
+                                        "unable to locate credentials", "nocredentials")) \
+            or isinstance(error, PermissionError):
+        return f"{where} refused the credentials ({text}); {credentials}"
+    if "nosuchbucket" in lowered or "bucket does not exist" in lowered or "specified bucket" in lowered:
+        return (f"the bucket {_bucket_of(uri)!r} of {where} does not exist; create it (e.g. `aws s3 mb "
+                f"s3://{_bucket_of(uri)}`) or fix {key}")
+    if any(word in lowered for word in ("could not connect", "connection refused", "endpointconnectionerror",
+                                        "name or service not known", "timed out", "connecterror")):
+        return (f"the storage endpoint of {where} cannot be reached ({text}); check AWS_ENDPOINT_URL or "
+                f"{options_key} (client_kwargs.endpoint_url) and that the server is up")
+    return f"{where} cannot be used ({text}); check the URI, the credentials and {options_key}"
+
+
+def _check_readable(key: str, uri: str, options: dict[str, Any], options_key: str) -> None:
+    try:
+        fs, path = get_fs(uri, options)
+        found = fs.glob(path) if _has_glob(uri) else ([path] if fs.exists(path) else [])
+        if not found and not is_local(uri):
+            # exists() is False for a missing bucket too: ask the bucket itself for the precise cause.
+            fs.ls(_bucket_of(uri) if protocol_of(uri) in ("s3", "s3a", "gs", "gcs", "az", "abfs") else path)
+    except Exception as error:  # every client error becomes one StorageError naming the URI
+        raise StorageError(_describe_failure(error, key, uri, options_key)) from error
+    if not found:
+        raise StorageError(f"{key} ({uri!r}) matches no file; write the data there first (e.g. `tfdag demo-data "
+                           f"{uri}`) or fix {key}")
+
+
+def _check_writable(key: str, uri: str, options: dict[str, Any], options_key: str) -> None:
+    import uuid
+
+    probe = join(uri, f".tfdag-write-check-{uuid.uuid4().hex[:12]}")
+    try:
+        fs, path = get_fs(probe, options)
+        if is_local(uri):
+            fs.makedirs(os.path.dirname(path), exist_ok=True)
+        fs.pipe_file(path, b"tfdag write check\n")
+        fs.rm_file(path)
+    except Exception as error:  # every client error becomes one StorageError naming the URI
+        raise StorageError(_describe_failure(error, key, uri, options_key)) from error
+
+
+def check_storage(config: Any) -> tuple[str, ...]:
+    """Prove, before any training, that every storage URI of a pipeline config is usable.
+
+    `data.source` must match at least one readable file (with `data.storage_options`); `output_root` and
+    `tracking.artifact_location` (when set and tracking is enabled) must accept a small write and delete,
+    with the top-level `storage_options` (the artifact location gets them only on the same protocol as
+    output_root; MLflow's own client reads its credentials from the environment).
+
+    Args:
+        config: the PipelineConfig.
+
+    Returns:
+        The URIs checked.
+
+    Raises:
+        StorageError: naming the config key, the URI, what failed (refused credentials, missing bucket,
+            unreachable endpoint, no matching file) and the fix; never a credential.
+    """
+    checked = []
+    _check_readable("data.source", config.data.source, dict(config.data.storage_options), "data.storage_options")
+    checked.append(config.data.source)
+    _check_writable("output_root", config.output_root, dict(config.storage_options), "storage_options")
+    checked.append(config.output_root)
+    location = config.tracking.artifact_location
+    if config.tracking.enabled and location:
+        same = protocol_of(location) == protocol_of(config.output_root)
+        _check_writable("tracking.artifact_location", location, dict(config.storage_options) if same else {},
+                        "storage_options")
+        checked.append(location)
+    logger.info("storage check passed for %s", ", ".join(checked))
+    return tuple(checked)

@@ -344,7 +344,7 @@ def _run_storage(run_dir: str, cluster: ClusterInfo, config: PipelineConfig) -> 
                               tensorboard_subdir=TENSORBOARD_DIR)
 
 
-def _sync_logs(run_storage: publish.RunStorage, progress: "_Progress | None") -> None:
+def _sync_logs(run_storage: publish.RunStorage, progress: _Progress | None) -> None:
     """Chief of a remote run: flush the summary writer and upload the TensorBoard files that changed."""
     if run_storage.tensorboard_sync is None:
         return
@@ -353,7 +353,7 @@ def _sync_logs(run_storage: publish.RunStorage, progress: "_Progress | None") ->
     run_storage.sync_tensorboard()
 
 
-def _publish(run_storage: publish.RunStorage, progress: "_Progress", record: ckpt.CheckpointRecord | None,
+def _publish(run_storage: publish.RunStorage, progress: _Progress, record: ckpt.CheckpointRecord | None,
              keep: int, best_metric: str, best_mode: str) -> None:
     """Chief of a remote run: upload the checkpoint just saved (manifest last), then its TensorBoard logs."""
     if record is None or not run_storage.is_remote:

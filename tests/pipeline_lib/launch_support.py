@@ -1,0 +1,169 @@
+"""Helpers for the launcher, worker, fault and equivalence tests: datasets on disk, specs, weights, orphans."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import psutil
+
+from pipeline_lib.config import PipelineConfig, parse_config
+from pipeline_lib.manifest import DType, FeatureSpec, Manifest, Schema, ShardInfo, SourceFingerprint
+from pipeline_lib.sharding import AutoShardPolicy, ShardPlan
+from pipeline_lib.worker import WorkerSpec
+from tests.conftest import make_plan, write_dataset
+
+
+def write_dataset_on_disk(root: str, **kwargs) -> Manifest:
+    """The conftest dataset plus its manifest.json, so worker processes can load it."""
+    manifest = write_dataset(root, **kwargs)
+    with open(os.path.join(root, "manifest.json"), "w") as handle:
+        handle.write(manifest.to_json())
+    return manifest
+
+
+def write_digits_dataset(root: str) -> Manifest:
+    """scikit-learn's bundled 8x8 digits (no download) as TFRecords: x = 64 pixels / 16, label 0..9."""
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    features = (digits.data / 16.0).astype(np.float32)
+    labels = digits.target.astype(np.int64)
+    order = np.random.default_rng(0).permutation(len(labels))
+    features, labels = features[order], labels[order]
+    num_eval = 360
+    shards = []
+    for split, rows in (("train", slice(num_eval, None)), ("eval", slice(0, num_eval))):
+        os.makedirs(os.path.join(root, split), exist_ok=True)
+        relative = f"{split}/part-00000-of-00001.tfrecord"
+        path = os.path.join(root, relative)
+        with tf.io.TFRecordWriter(path) as writer:
+            for x, y in zip(features[rows], labels[rows], strict=True):
+                example = tf.train.Example(features=tf.train.Features(feature={
+                    "x": tf.train.Feature(float_list=tf.train.FloatList(value=x.tolist())),
+                    "target": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y)])),
+                }))
+                writer.write(example.SerializeToString())
+        with open(path, "rb") as handle:
+            digest = hashlib.sha256(handle.read()).hexdigest()
+        shards.append(ShardInfo(split=split, path=relative, num_records=len(labels[rows]),
+                                num_bytes=os.path.getsize(path), sha256=digest))
+    schema = Schema(features=(FeatureSpec(name="x", dtype=DType.FLOAT32, shape=(64,)),),
+                    label=FeatureSpec(name="target", dtype=DType.INT64), num_classes=10)
+    manifest = Manifest(fingerprint="digits", dataset_uri=root, feature_schema=schema, shards=tuple(shards),
+                        source=SourceFingerprint(files=(), sha256="0" * 64))
+    with open(os.path.join(root, "manifest.json"), "w") as handle:
+        handle.write(manifest.to_json())
+    return manifest
+
+
+def make_config(root: str, *, label: str = "label", model: dict | None = None, preflight: bool = False,
+                tracking: dict | None = None, **train: Any) -> PipelineConfig:
+    """A small pipeline config: tiny MLP, no shuffle unless asked, fast supervisor settings."""
+    settings = {"per_replica_batch_size": 32, "checkpoint_every_steps": 10, "log_every_steps": 10,
+                "hang_timeout_s": 30.0, "restart_backoff_s": 0.1, "shuffle": False, "max_restarts": 3}
+    settings.update(train)
+    return parse_config({
+        "name": "launch-test",
+        "data": {"source": "unused.csv", "label": label},
+        "output_root": root,
+        "model": model or {"factory": "mlp", "params": {"hidden_units": [8]}},
+        "train": settings,
+        "preflight": {"enabled": preflight},
+        "tracking": tracking or {"enabled": False},
+    })
+
+
+def make_spec(config: PipelineConfig, manifest: Manifest, plan: ShardPlan, run_dir: str) -> WorkerSpec:
+    return WorkerSpec(config=config.model_dump(mode="json"), dataset_uri=manifest.dataset_uri, plan=plan,
+                      run_dir=run_dir, heartbeat_dir=os.path.join(run_dir, "heartbeats"))
+
+
+def plan_for(manifest: Manifest, config: PipelineConfig, *, steps: int, replicas_per_worker: int = 1,
+             num_workers: int | None = None) -> ShardPlan:
+    workers = config.train.workers if num_workers is None else num_workers
+    return make_plan(manifest, num_workers=workers, replicas_per_worker=replicas_per_worker,
+                     per_replica_batch_size=config.train.per_replica_batch_size, steps=steps,
+                     policy=AutoShardPolicy.DATA)
+
+
+class LogCapture:
+    """A thread-safe log_fn that keeps (monotonic time, line) pairs."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[float, str]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, line: str) -> None:
+        with self._lock:
+            self.lines.append((time.monotonic(), line))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def first_time(self, needle: str) -> float | None:
+        return next((t for t, line in self.lines if needle in line), None)
+
+
+def assert_no_orphans(timeout_s: float = 10.0) -> None:
+    """No process started by this test process is still alive (zombies reaped or not, running ones count)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [p for p in psutil.Process().children(recursive=True)
+                 if _is_running(p) and "pipeline_lib.worker" in " ".join(_cmdline(p))]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not alive, f"worker processes left behind: {[(p.pid, _cmdline(p)) for p in alive]}"
+
+
+def worker_processes_anywhere(marker: str) -> list[psutil.Process]:
+    """Every live worker process on the machine whose command line or environment mentions `marker`."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if "pipeline_lib.worker" in cmd and marker in cmd and _is_running(proc):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def _is_running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def model_weights(checkpoint_prefix: str) -> dict[str, np.ndarray]:
+    """The model's trainable variables in a checkpoint, by object-graph key (identical across strategies).
+
+    A checkpoint stores each variable once, under the first path that reaches it; for the model's
+    weights that is the optimizer's `_trainable_variables` list (or `model/...` when not tracked there).
+    """
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(checkpoint_prefix)
+    return {key: reader.get_tensor(key) for key in sorted(reader.get_variable_to_shape_map())
+            if (key.startswith("model/") or "/_trainable_variables/" in key) and "OPTIMIZER_SLOT" not in key}
+
+
+def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    assert sorted(a) == sorted(b), f"different variables: {sorted(set(a) ^ set(b))}"
+    assert a, "no model variables found in the checkpoint"
+    return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)))) for k in a)
