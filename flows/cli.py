@@ -42,7 +42,11 @@ def _prepare_demo_data(config) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from flows.pipeline import training_pipeline
 
-    summary = training_pipeline(_load(args.config))
+    # The flow gets the file's path, not its content: a Prefect parameter is stored by the server, and a
+    # config may carry storage options. Loading it here first rejects a bad config before Prefect starts.
+    path = args.config or _default_config()
+    _load(path)
+    summary = training_pipeline(path)
     metrics = ", ".join(f"{k}: {v:.4f}" for k, v in summary.metrics.items())
     print(f"\ntfdag | {summary.pipeline} | {metrics}")
     if summary.model_name:
@@ -146,7 +150,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from pipeline_lib import worker
 
-    return worker.worker_main(["--spec", args.spec])
+    code = worker.worker_main(["--spec", args.spec])
+    # TensorFlow's gRPC and collective threads can hang interpreter shutdown; leave at once, as
+    # `python -m pipeline_lib.worker` does.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def cmd_demo_data(args: argparse.Namespace) -> int:

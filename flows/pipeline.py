@@ -84,8 +84,10 @@ def _run(config: PipelineConfig, stage: _Stage, logger, extra_tags: dict[str, st
     flow_run_id = str(runtime.flow_run.id or "")
     tags = {"prefect_flow_run_id": flow_run_id, "tfdag_run_name": run_name, **extra_tags}
 
-    stage("convert_to_tfrecords")
+    stage("check_storage")
     demo_data.ensure_demo_source(config.data)
+    stages.check_storage(config)
+    stage("convert_to_tfrecords")
     manifest = stages.convert_to_tfrecords(config)
     stage("validate_cluster")
     cluster_report = stages.validate_cluster(config)

@@ -13,7 +13,7 @@ import keras
 import tensorflow as tf
 from pydantic import BaseModel, ConfigDict
 
-from pipeline_lib import checkpoints, input_pipeline, models, storage
+from pipeline_lib import checkpoints, input_pipeline, models, publish, storage
 from pipeline_lib.config import Direction, PipelineConfig, Task
 from pipeline_lib.manifest import Manifest
 from pipeline_lib.training import CheckpointRecord, TrainResult
@@ -92,12 +92,17 @@ def restore_model(config: PipelineConfig, manifest: Manifest, record: Checkpoint
     Raises:
         ConsolidationError: when the checkpoint fails verification or does not match the model.
     """
-    problem = checkpoints.verify(record.path)
+    try:
+        # TensorFlow reads local files only: a remote run's checkpoint is downloaded and verified first.
+        local = publish.localize_checkpoint(record, config.storage_options)
+    except publish.PublishError as error:
+        raise ConsolidationError(f"checkpoint {record.path} (step {record.step}) cannot be fetched: {error}") from error
+    problem = checkpoints.verify(local.path)
     if problem is not None:
         raise ConsolidationError(f"checkpoint {record.path} (step {record.step}) is not valid: {problem}")
     model = models.create_model(config.model, manifest.feature_schema)
     try:
-        status = tf.train.Checkpoint(model=model).read(record.path)
+        status = tf.train.Checkpoint(model=model).read(local.path)
         # Every model variable must come from the checkpoint; the optimizer and step in it are left unread.
         status.assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.OpError) as error:

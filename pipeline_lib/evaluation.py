@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 from pydantic import BaseModel, ConfigDict
 
-from pipeline_lib import input_pipeline, storage
+from pipeline_lib import input_pipeline, staging, storage
 from pipeline_lib.config import Direction, GateConfig, PipelineConfig, Task
 from pipeline_lib.manifest import Manifest
 
@@ -315,6 +315,7 @@ def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, *,
         logger.warning("evaluation.metrics %s do not apply to %s; reporting %s", extra, task.value,
                        sorted(applicable))
     model = load_model(model_path, config.storage_options)
+    manifest = staging.stage_split(manifest, "eval", storage_options=config.storage_options)
     report = evaluate_model(model, manifest, task, batch_size=batch_size, model_path=model_path)
     verdict = gate(report, config.evaluation.gate)
     if not verdict.passed:

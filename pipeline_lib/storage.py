@@ -6,6 +6,7 @@ import hashlib
 import logging
 import os
 import posixpath
+import re
 from typing import Any, Iterator
 
 import fsspec
@@ -20,9 +21,37 @@ class StorageError(RuntimeError):
     """A storage URI cannot be read or written; the message names the URI and the fix."""
 
 
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_env(options: Any, where: str = "storage_options") -> Any:
+    """Replace `${NAME}` in storage option strings with the environment variable NAME.
+
+    Configs (which travel as Prefect parameters and worker specs) then hold a reference, never the secret:
+    `storage_options: {secret: "${AWS_SECRET_ACCESS_KEY}"}`.
+
+    Raises:
+        StorageError: naming the option and the unset variable.
+    """
+    if isinstance(options, dict):
+        return {k: expand_env(v, f"{where}.{k}") for k, v in options.items()}
+    if isinstance(options, list):
+        return [expand_env(v, f"{where}[{i}]") for i, v in enumerate(options)]
+    if isinstance(options, str) and "${" in options:
+        def lookup(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise StorageError(f"{where} refers to the environment variable {name}, which is not set; "
+                                   f"export {name} or change {where}")
+            return os.environ[name]
+
+        return _ENV_REFERENCE.sub(lookup, options)
+    return options
+
+
 def get_fs(uri: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
-    """Return (filesystem, path) for an fsspec URI; plain paths are local files."""
-    return url_to_fs(uri, **(storage_options or {}))
+    """Return (filesystem, path) for an fsspec URI; plain paths are local files; `${VAR}` options expanded."""
+    return url_to_fs(uri, **expand_env(storage_options or {}))
 
 
 def is_local(uri: str) -> bool:

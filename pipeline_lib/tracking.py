@@ -410,11 +410,13 @@ mlflow.models.set_model(KerasDictModel())
 '''
 
 
-def example_batch(manifest: Manifest, num_rows: int = 5) -> dict[str, Any]:
+def example_batch(manifest: Manifest, num_rows: int = 5,
+                  storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The first rows of the eval split (train when there is none) as numpy model inputs."""
-    from pipeline_lib import input_pipeline
+    from pipeline_lib import input_pipeline, staging
 
     split = "eval" if manifest.num_records("eval") else "train"
+    manifest = staging.stage_split(manifest, split, storage_options=dict(storage_options or {}))
     dataset = input_pipeline.create_dataset(manifest, split, num_rows)
     inputs, _labels = next(iter(dataset))
     return {name: tensor.numpy() for name, tensor in inputs.items()}
@@ -422,7 +424,8 @@ def example_batch(manifest: Manifest, num_rows: int = 5) -> dict[str, Any]:
 
 def log_and_register_model(run_id: str, tracking_uri: str, keras_path: str, registered_name: str,
                            example_input: Manifest | Mapping[str, Any], *,
-                           tags: Mapping[str, Any] | None = None) -> ModelVersionInfo:
+                           tags: Mapping[str, Any] | None = None,
+                           storage_options: Mapping[str, Any] | None = None) -> ModelVersionInfo:
     """Log the exported model to the run with a signature inferred from an example batch, and register it.
 
     Numeric-only models use MLflow's `keras` flavor (Keras 3 on TensorFlow). Keras 3's `predict` rejects
@@ -449,7 +452,7 @@ def log_and_register_model(run_id: str, tracking_uri: str, keras_path: str, regi
     from pipeline_lib import evaluation
 
     if hasattr(example_input, "feature_schema"):
-        example = example_batch(example_input)  # type: ignore[arg-type]
+        example = example_batch(example_input, storage_options=storage_options)  # type: ignore[arg-type]
     else:
         example = {name: np.asarray(value) for name, value in dict(example_input).items()}
     model = evaluation.load_model(keras_path)

@@ -20,6 +20,13 @@ def _key(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:90]
 
 
+@task(name="check_storage", retries=2, retry_delay_seconds=2)
+def check_storage(config: PipelineConfig) -> None:
+    """Every URI readable/writable with its credentials, before any data is converted or a cluster starts."""
+    checked = storage.check_storage(config)
+    get_run_logger().info("storage reachable: %s", ", ".join(checked))
+
+
 @task(name="convert_to_tfrecords", retries=2, retry_delay_seconds=2)
 def convert_to_tfrecords(config: PipelineConfig) -> Manifest:
     """Storage I/O can fail transiently (an object store outage): retried."""
@@ -128,7 +135,8 @@ def track(config: PipelineConfig, run_id: str, params: dict[str, Any], artifacts
     version = None
     if config.tracking.registered_model:
         version = tracking.log_and_register_model(
-            run_id, uri, export.keras_path, config.tracking.registered_model, manifest, tags=tags
+            run_id, uri, export.keras_path, config.tracking.registered_model, manifest, tags=tags,
+            storage_options=config.storage_options,
         )
         get_run_logger().info("registered %s version %s", version.name, version.version)
     ui = tracking.run_ui_url(uri, run_id)
