@@ -101,6 +101,9 @@ def _global_uri(tracking_uri: str) -> Iterator[None]:
     # The raw module values, not get_*_uri(): "unset" must come back as unset, or the registry would stay
     # pinned to the default store instead of following each client's tracking URI.
     previous_tracking, previous_registry = tracking_utils._tracking_uri, registry_utils._registry_uri
+    # set_tracking_uri also exports MLFLOW_TRACKING_URI (and the registry variable) to the environment, where
+    # it would outlive this call and redirect every later pipeline in the process: restore those too.
+    saved_env = {name: os.environ.get(name) for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_registry_uri(tracking_uri)
     try:
@@ -108,6 +111,11 @@ def _global_uri(tracking_uri: str) -> Iterator[None]:
     finally:
         tracking_utils._tracking_uri = previous_tracking
         registry_utils._registry_uri = previous_registry
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class MlflowSink:

@@ -64,7 +64,7 @@ def test_first_retrain_trains_registers_and_promotes(retrain_scenario, mlflow_cl
     assert int(params["epochs"]) == 3 and params["pipeline"] == "digits-retrain"
     history = mlflow_client.get_metric_history(run.info.run_id, "loss")
     assert len(history) >= 3 and history[-1].value < history[0].value
-    assert "accuracy" in run.data.metrics
+    assert "final_eval_accuracy" in run.data.metrics
 
     version = mlflow_client.get_model_version(MODEL_NAME, "1")
     assert version.run_id == run.info.run_id
@@ -72,7 +72,7 @@ def test_first_retrain_trains_registers_and_promotes(retrain_scenario, mlflow_cl
     tags = version.tags
     assert tags[registry.BLESSED_TAG] == "true"
     assert tags[registry.COMPARED_WITH_TAG] == "none"
-    assert float(tags[registry.CHALLENGER_SCORE_TAG]) == pytest.approx(run.data.metrics["accuracy"])
+    assert float(tags[registry.CHALLENGER_SCORE_TAG]) == pytest.approx(run.data.metrics["final_eval_accuracy"])
     assert tags[registry.FINGERPRINT_TAG] == retrain_scenario.source_fingerprint()
     # The version names the Prefect runs that made it: the training subflow and the retrain flow.
     assert tags["tfdag.retrain_flow_run_id"] == str(retrain_run.id)

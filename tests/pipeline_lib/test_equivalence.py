@@ -8,7 +8,6 @@ import os
 import pytest
 
 from pipeline_lib.launcher import launch
-from pipeline_lib.training import train
 from tests.pipeline_lib.launch_support import (
     LogCapture,
     assert_no_orphans,
@@ -49,11 +48,13 @@ def _final_weights(result) -> dict:
     return model_weights(result.checkpoints[-1].path)
 
 
-def _train_in_process(root: str, dataset, strategy: str, per_replica: int, replicas: int, **extra):
+def _train_one_worker(root: str, dataset, strategy: str, per_replica: int, replicas: int, **extra):
+    """One worker process through the launcher: a fresh TensorFlow runtime for each strategy (collective
+    instance keys of MirroredStrategies built in one process collide once their models differ)."""
     config = make_config(root, model=MODEL, strategy=strategy, per_replica_batch_size=per_replica, **EQUIVALENCE,
                          **extra)
     plan = plan_for(dataset, config, steps=STEPS, replicas_per_worker=replicas)
-    result = train(config, dataset, plan, os.path.join(root, "run"))
+    result = launch(make_spec(config, dataset, plan, os.path.join(root, "run")), config, log_fn=LogCapture()).result
     assert result.num_replicas == replicas and result.strategy == strategy
     return result
 
@@ -75,8 +76,8 @@ def mwms_weights(tmp_path_factory, dataset):
 
 @pytest.mark.slow
 def test_default_mirrored_and_multi_worker_end_with_equal_weights(tmp_path, dataset, mwms_weights):
-    default_result = _train_in_process(str(tmp_path / "default"), dataset, "default", per_replica=64, replicas=1)
-    mirrored_result = _train_in_process(str(tmp_path / "mirrored"), dataset, "mirrored", per_replica=32, replicas=2,
+    default_result = _train_one_worker(str(tmp_path / "default"), dataset, "default", per_replica=64, replicas=1)
+    mirrored_result = _train_one_worker(str(tmp_path / "mirrored"), dataset, "mirrored", per_replica=32, replicas=2,
                                         cpu_replicas=2)
     default, mirrored = _final_weights(default_result), _final_weights(mirrored_result)
     # The tolerance means something: the last 8 steps alone move the weights by far more than it.

@@ -224,11 +224,14 @@ def test_numeric_model_is_logged_with_the_keras_flavor_and_registered(tmp_path):
     config = _config(tmp_path)
     model = _save_model(config, manifest, str(tmp_path / "model.keras"))
     run_id = tracking.start_run(config, "register")
+    env_before = os.environ.get("MLFLOW_TRACKING_URI")
 
     version = tracking.log_and_register_model(run_id, config.mlflow_uri, str(tmp_path / "model.keras"), "tiny",
                                               manifest, tags={"tfdag_run_name": "register", "api_token": SECRET})
     second = tracking.log_and_register_model(run_id, config.mlflow_uri, str(tmp_path / "model.keras"), "tiny",
                                              manifest)
+    # Model logging must not leave MLFLOW_TRACKING_URI behind to redirect the next pipeline in this process.
+    assert os.environ.get("MLFLOW_TRACKING_URI") == env_before
 
     assert (version.name, version.version, version.flavor) == ("tiny", 1, "keras")
     assert second.version == 2
