@@ -13,6 +13,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from pipeline_lib.cluster import ClusterInfo, worker_scratch_dir
+from pipeline_lib.config import Direction, PipelineConfig, Task
 from pipeline_lib.training import CheckpointRecord
 
 logger = logging.getLogger(__name__)
@@ -25,6 +26,23 @@ _CHUNK = 4 * 1024 * 1024
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be verified or restored; the message names the checkpoint and the fix."""
+
+
+def selection_metric(config: PipelineConfig) -> tuple[str, Direction]:
+    """The checkpoint-manifest metric that `evaluation.select: best` ranks by, and its direction.
+
+    `evaluation.gate.metric` maps to the metric the training loop records (`accuracy` → `eval_accuracy`);
+    loss and mae are always minimised; regression falls back to `eval_mae` for classification-only metrics.
+    """
+    gate = config.evaluation.gate
+    if gate.metric in ("loss", "mae"):
+        return f"eval_{gate.metric}", Direction.MIN
+    if config.model.task == Task.REGRESSION:
+        return "eval_mae", Direction.MIN
+    if gate.metric == "accuracy":
+        return "eval_accuracy", gate.direction
+    # The loop records no AUC per checkpoint; rank by the loss instead.
+    return "eval_loss", Direction.MIN
 
 
 def _sha256(path: str) -> str:

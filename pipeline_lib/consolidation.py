@@ -14,7 +14,7 @@ import tensorflow as tf
 from pydantic import BaseModel, ConfigDict
 
 from pipeline_lib import checkpoints, input_pipeline, models, publish, storage
-from pipeline_lib.config import Direction, PipelineConfig, Task
+from pipeline_lib.config import Direction, PipelineConfig
 from pipeline_lib.manifest import Manifest
 from pipeline_lib.training import CheckpointRecord, TrainResult
 
@@ -46,23 +46,6 @@ class ExportResult(BaseModel):
     files: dict[str, str]  # path relative to export_dir -> sha256
 
 
-def selection_metric(config: PipelineConfig) -> tuple[str, Direction]:
-    """The checkpoint-manifest metric that `evaluation.select: best` ranks by, and its direction.
-
-    `evaluation.gate.metric` maps to the metric the training loop records (`accuracy` → `eval_accuracy`);
-    loss and mae are always minimised; regression falls back to `eval_mae` for classification-only metrics.
-    """
-    gate = config.evaluation.gate
-    if gate.metric in ("loss", "mae"):
-        return f"eval_{gate.metric}", Direction.MIN
-    if config.model.task == Task.REGRESSION:
-        return "eval_mae", Direction.MIN
-    if gate.metric == "accuracy":
-        return "eval_accuracy", gate.direction
-    # The loop records no AUC per checkpoint; rank by the loss instead.
-    return "eval_loss", Direction.MIN
-
-
 def rank_checkpoints(config: PipelineConfig, records: tuple[CheckpointRecord, ...] | list[CheckpointRecord]
                      ) -> list[tuple[CheckpointRecord, str]]:
     """The checkpoints in order of preference, each with why it ranks there.
@@ -73,7 +56,7 @@ def rank_checkpoints(config: PipelineConfig, records: tuple[CheckpointRecord, ..
     newest_first = sorted(records, key=lambda r: r.step, reverse=True)
     if config.evaluation.select == "latest":
         return [(r, "latest") for r in newest_first]
-    metric, direction = selection_metric(config)
+    metric, direction = checkpoints.selection_metric(config)
     scored = [r for r in newest_first if metric in r.metrics]
     if not scored:
         logger.warning("no checkpoint records %s; selecting the latest instead of the best", metric)

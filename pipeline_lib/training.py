@@ -60,7 +60,7 @@ from pipeline_lib import checkpoints as ckpt
 from pipeline_lib import input_pipeline, models, publish, staging
 from pipeline_lib import strategy as strategies
 from pipeline_lib.cluster import ClusterInfo, cluster_from_env
-from pipeline_lib.config import Direction, PipelineConfig, Strategy, Task
+from pipeline_lib.config import PipelineConfig, Strategy, Task
 from pipeline_lib.manifest import Manifest
 from pipeline_lib.sharding import AutoShardPolicy, ShardPlan
 from pipeline_lib.tracking import MetricsSink, NullSink
@@ -139,17 +139,6 @@ def _build_model(config: PipelineConfig, manifest: Manifest) -> keras.Model:
         return models.create_model(config.model, manifest.feature_schema)
     finally:
         keras.config.set_dtype_policy(previous)
-
-
-def _best_metric(config: PipelineConfig) -> tuple[str, str]:
-    """The checkpoint-manifest metric retention keeps the best of, and its direction."""
-    gate = config.evaluation.gate
-    known = {"accuracy": "eval_accuracy", "loss": "eval_loss", "mae": "eval_mae"}
-    if config.model.task == Task.REGRESSION and gate.metric not in ("mae", "loss"):
-        return "eval_mae", "min"
-    if gate.metric in known:
-        return known[gate.metric], gate.direction.value if gate.metric != "loss" else Direction.MIN.value
-    return "eval_loss", "min"
 
 
 class _Evaluator:
@@ -424,7 +413,8 @@ def _train_synchronous(config, manifest, plan, run_dir, cluster, sink, hooks, ch
     checkpoint_dir = run_storage.local_checkpoint_dir
     tensorboard_dir = run_storage.local_tensorboard_dir
     model, optimizer, step_var, checkpoint = _create_state(config, manifest, choice)
-    best_metric, best_mode = _best_metric(config)
+    best_metric, best_direction = ckpt.selection_metric(config)
+    best_mode = best_direction.value
     store = ckpt.CheckpointStore(checkpoint_dir, checkpoint, cluster=cluster, keep=train_config.keep_checkpoints,
                                  best_metric=best_metric, best_mode=best_mode)
     start_step = _restore(store, checkpoint, model, choice, config, run_storage)
@@ -579,7 +569,8 @@ def _train_parameter_server(config, manifest, plan, run_dir, cluster, sink, hook
     tensorboard_dir = run_storage.local_tensorboard_dir
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     model, optimizer, step_var, checkpoint = _create_state(config, manifest, choice)
-    best_metric, best_mode = _best_metric(config)
+    best_metric, best_direction = ckpt.selection_metric(config)
+    best_mode = best_direction.value
     store = ckpt.CheckpointStore(checkpoint_dir, checkpoint, cluster=cluster, keep=train_config.keep_checkpoints,
                                  best_metric=best_metric, best_mode=best_mode)
     start_step = _restore(store, checkpoint, model, choice, config, run_storage)

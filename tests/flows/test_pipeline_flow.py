@@ -80,8 +80,10 @@ def test_training_pipeline_end_to_end(tmp_path, prefect_api):
     manifest = load_manifest(str(Path(config.output_root) / "data" / summary.data_fingerprint))
     inputs, _labels = next(iter(create_dataset(manifest, "eval", 16)))
     expected = np.asarray(reloaded.predict(inputs, verbose=0))
-    mlflow.set_tracking_uri(config.mlflow_uri)
-    served = mlflow.pyfunc.load_model(f"models:/digits-flow-test/{summary.model_version}")
+    from pipeline_lib.tracking import _global_uri
+
+    with _global_uri(config.mlflow_uri):  # scoped: a process-wide URI would redirect later tests
+        served = mlflow.pyfunc.load_model(f"models:/digits-flow-test/{summary.model_version}")
     got = served.predict({k: v.numpy() for k, v in inputs.items()})
     got = np.asarray(got if not hasattr(got, "to_numpy") else got.to_numpy())
     np.testing.assert_allclose(got.reshape(expected.shape), expected, atol=1e-5)
