@@ -113,3 +113,24 @@ def test_cli_rejects_bad_config_before_anything_runs(tmp_path):
     assert out.returncode == 2
     assert "train.per_replica_batch_size (0) in bad.yaml" in out.stderr
     assert not (tmp_path / ".tfdag").exists()
+
+
+@pytest.mark.slow
+def test_a_failed_stage_leaves_a_markdown_artifact_naming_it(tmp_path, prefect_api):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.pipeline import training_pipeline
+    from pipeline_lib.sharding import PlanError
+
+    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, per_replica_batch_size=100_000)
+    data["name"] = "digits-failing-plan"
+    with pytest.raises(PlanError, match="global batch"):
+        training_pipeline(parse_config(data))
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["digits-failing-plan-failure"])))
+    assert artifacts, "no failure artifact"
+    markdown = artifacts[0].data
+    assert "**Stage:** `plan_shards`" in markdown and "global batch" in markdown

@@ -219,7 +219,7 @@ def test_pipeline_params_and_no_secret_anywhere_in_the_run(tmp_path, tiny_manife
 
 
 @pytest.mark.slow
-def test_numeric_model_is_logged_with_the_keras_flavor_and_registered(tmp_path):
+def test_numeric_model_is_logged_with_the_keras_flavor_and_registered(tmp_path, monkeypatch):
     manifest = _write_numeric_dataset(str(tmp_path / "data"))
     config = _config(tmp_path)
     model = _save_model(config, manifest, str(tmp_path / "model.keras"))
@@ -246,6 +246,7 @@ def test_numeric_model_is_logged_with_the_keras_flavor_and_registered(tmp_path):
     assert logged.experiment_id == run.info.experiment_id and logged.source_run_id == run_id
     assert logged.artifact_location.startswith(str(tmp_path))
     inputs, expected = _predictions(model, manifest)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", config.mlflow_uri)  # models:/ URIs resolve through it
     loaded = mlflow.pyfunc.load_model(version.model_uri)
     assert [s.name for s in loaded.metadata.get_input_schema().inputs] == ["numeric"]
     np.testing.assert_allclose(np.asarray(loaded.predict(inputs)), expected, rtol=1e-5, atol=1e-6)
@@ -253,7 +254,7 @@ def test_numeric_model_is_logged_with_the_keras_flavor_and_registered(tmp_path):
 
 
 @pytest.mark.slow
-def test_model_with_string_inputs_is_logged_as_pyfunc_and_predicts_alike(tmp_path):
+def test_model_with_string_inputs_is_logged_as_pyfunc_and_predicts_alike(tmp_path, monkeypatch):
     manifest = write_dataset(str(tmp_path / "data"), num_train=8, num_eval=8)
     config = _config(tmp_path)
     model = _save_model(config, manifest, str(tmp_path / "model.keras"))
@@ -265,6 +266,7 @@ def test_model_with_string_inputs_is_logged_as_pyfunc_and_predicts_alike(tmp_pat
     assert version.flavor == "python_function"
     inputs, expected = _predictions(model, manifest)
     assert inputs["color"].dtype == object
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", config.mlflow_uri)  # models:/ URIs resolve through it
     loaded = mlflow.pyfunc.load_model(f"models:/tiny/{version.version}")
     assert sorted(s.name for s in loaded.metadata.get_input_schema().inputs) == ["color", "numeric"]
     np.testing.assert_allclose(np.asarray(loaded.predict(inputs)), expected, rtol=1e-5, atol=1e-6)
