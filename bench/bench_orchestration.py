@@ -17,7 +17,7 @@ import time
 
 from bench import case
 
-FULL_STEPS = 9000
+FULL_STEPS = 27000
 QUICK_STEPS = 800
 
 

@@ -134,3 +134,40 @@ def test_a_failed_stage_leaves_a_markdown_artifact_naming_it(tmp_path, prefect_a
     assert artifacts, "no failure artifact"
     markdown = artifacts[0].data
     assert "**Stage:** `plan_shards`" in markdown and "global batch" in markdown
+
+
+@pytest.mark.slow
+def test_a_worker_restart_shows_in_mlflow_and_the_prefect_log(tmp_path, prefect_api, monkeypatch):
+    import time
+
+    from mlflow.tracking import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from flows.pipeline import training_pipeline
+
+    # The real signal, at an exact step, through the documented test-only setting the workers inherit.
+    monkeypatch.setenv("TFDAG_FAULT", "kill:worker=0:step=30")
+    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=2, checkpoint_every_steps=20,
+                         restart_backoff_s=0.1)
+    data["name"] = "digits-restart"
+    config = parse_config(data)
+    summary = training_pipeline(config)
+
+    assert summary.num_restarts == 1
+    client = MlflowClient(tracking_uri=config.mlflow_uri)
+    run = client.get_run(summary.mlflow_run_id)
+    assert summary.final_step == int(run.data.params["total_steps"])  # exactly the planned steps after resuming
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "num_restarts")] == [1.0]
+    assert "SIGKILL" in run.data.tags["tfdag.last_restart_cause"]
+
+    flow_run_id = run.data.tags["prefect_flow_run_id"]
+    messages: list[str] = []
+    for _ in range(20):
+        with get_client(sync_client=True) as prefect:
+            logs = prefect.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        messages = [log.message for log in logs]
+        if any(m.startswith("restart 1 of") for m in messages):
+            break
+        time.sleep(0.5)
+    assert any(m.startswith("restart 1 of") and "SIGKILL" in m for m in messages), messages[-20:]
