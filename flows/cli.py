@@ -82,15 +82,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     config = _load(args.config)
     _prepare_demo_data(config)
     manifest = conversion.convert(config.data, config.output_root, config.storage_options)
-    plan = sharding.plan_shards(
-        manifest,
-        num_workers=args.workers or config.train.workers,
-        replicas_per_worker=strategy.replicas_per_worker(config.train),
-        per_replica_batch_size=config.train.per_replica_batch_size,
-        epochs=config.train.epochs,
-        steps=config.train.steps,
-        policy=config.train.autoshard,
-    )
+    plan = sharding.plan_for_train(manifest, config.train, strategy.replicas_per_worker(config.train),
+                                   num_workers=args.workers)
     print(sharding.plan_to_markdown(plan))
     return 0
 
@@ -122,15 +115,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = _load(args.config)
     _prepare_demo_data(config)
     manifest = conversion.convert(config.data, config.output_root, config.storage_options)
-    plan = sharding.plan_shards(
-        manifest,
-        num_workers=config.train.workers,
-        replicas_per_worker=strategy.replicas_per_worker(config.train),
-        per_replica_batch_size=config.train.per_replica_batch_size,
-        epochs=config.train.epochs,
-        steps=config.train.steps,
-        policy=config.train.autoshard,
-    )
+    plan = sharding.plan_for_train(manifest, config.train, strategy.replicas_per_worker(config.train))
     run_dir = runs.run_dir_for(config.output_root, runs.new_run_name(config.name))
     result = launcher.launch_training(config, manifest, plan, run_dir, mlflow_run_id=None, log_fn=print)
     print(result.model_dump_json(indent=2))

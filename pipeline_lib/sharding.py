@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from pipeline_lib.config import AutoShard
+from pipeline_lib.config import AutoShard, TrainConfig
 from pipeline_lib.manifest import Manifest
 
 logger = logging.getLogger(__name__)
@@ -245,6 +245,20 @@ def plan_shards(
     logger.info("shard plan: %s over %d worker(s), %d file(s), %d steps/epoch, %d total steps, imbalance %.3f",
                 chosen.value, num_workers, len(shards), steps_per_epoch, total_steps, ratio)
     return plan
+
+
+def plan_for_train(manifest: Manifest, train: TrainConfig, replicas_per_worker: int, *,
+                   num_workers: int | None = None) -> ShardPlan:
+    """`plan_shards` with the sizes a `train` config section asks for (workers, batch, epochs or steps, policy)."""
+    return plan_shards(
+        manifest,
+        num_workers=num_workers or train.workers,
+        replicas_per_worker=replicas_per_worker,
+        per_replica_batch_size=train.per_replica_batch_size,
+        epochs=train.epochs,
+        steps=train.steps,
+        policy=train.autoshard,
+    )
 
 
 def plan_to_markdown(plan: ShardPlan, max_files: int = 4) -> str:

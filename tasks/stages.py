@@ -45,15 +45,7 @@ def convert_to_tfrecords(config: PipelineConfig) -> Manifest:
 
 @task(name="plan_shards")
 def plan_shards(config: PipelineConfig, manifest: Manifest, replicas_per_worker: int) -> sharding.ShardPlan:
-    plan = sharding.plan_shards(
-        manifest,
-        num_workers=config.train.workers,
-        replicas_per_worker=replicas_per_worker,
-        per_replica_batch_size=config.train.per_replica_batch_size,
-        epochs=config.train.epochs,
-        steps=config.train.steps,
-        policy=config.train.autoshard,
-    )
+    plan = sharding.plan_for_train(manifest, config.train, replicas_per_worker)
     logger = get_run_logger()
     for warning in plan.warnings:
         logger.warning(warning)

@@ -202,3 +202,14 @@ def test_markdown_and_params():
     assert params["steps_per_epoch"] == result.steps_per_epoch
     warned = plan([1000, 10, 10, 10], num_workers=2)
     assert "## Warnings" in plan_to_markdown(warned)
+
+
+def test_plan_for_train_takes_the_sizes_from_the_train_section():
+    from pipeline_lib.config import TrainConfig
+    from pipeline_lib.sharding import plan_for_train
+
+    manifest = manifest_of([100] * 4)
+    train = TrainConfig(workers=2, per_replica_batch_size=10, epochs=3, steps=None, autoshard="data")
+    plan = plan_for_train(manifest, train, replicas_per_worker=2)
+    assert (plan.num_workers, plan.global_batch_size, plan.epochs, plan.policy.value) == (2, 40, 3, "data")
+    assert plan_for_train(manifest, train, 1, num_workers=4).num_workers == 4
