@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from pipeline_lib import encoding, storage
+from pipeline_lib import encoding, native, storage
 from pipeline_lib.config import Compression, DataConfig, DataFormat, OnBadRecord
 from pipeline_lib.manifest import (
     MANIFEST_NAME,
@@ -932,9 +932,12 @@ def split_hash(columns: dict[str, Any], seed: int) -> np.ndarray:
     for name, values in columns.items():
         h ^= _name_word(name)
         _mix(h, scratch)
+        words = _words(values)
+        if native.module is not None:  # the same fold in one C loop, row by row
+            native.module.split_hash(h, np.ascontiguousarray(words), words.shape[1])
+            continue
         # Word-major: each step reads one contiguous row of words instead of a strided column.
-        words = _words(values).T.copy()
-        for word in words:
+        for word in words.T.copy():
             h ^= word
             _mix(h, scratch)
     return h
@@ -961,27 +964,37 @@ class _StagedShard:
 class _RollingShards:
     """One split's shards in the staging directory, rolled over once a shard holds target bytes of records.
 
-    The size that counts is the uncompressed record bytes, so shard boundaries depend only on the rows.
+    The size that counts is the uncompressed record bytes, so shard boundaries depend only on the rows. With a
+    `closer` executor, a full shard is closed (and fsynced, when durable) there, while the next one fills.
     """
 
-    def __init__(self, split: str, staging_dir: str, compression: str, target_bytes: int):
+    def __init__(self, split: str, staging_dir: str, compression: str, target_bytes: int, durable: bool,
+                 closer: concurrent.futures.Executor | None = None):
         self.split, self.compression, self.target_bytes = split, compression, max(1, target_bytes)
+        self.durable, self._closer = durable, closer
         self.dir = os.path.join(staging_dir, split)
         os.makedirs(self.dir, exist_ok=True)
-        self.staged: list[_StagedShard] = []
+        self._closing: list[concurrent.futures.Future] = []
         self._writer: encoding.TFRecordFileWriter | None = None
 
     def _open(self) -> encoding.TFRecordFileWriter:
         if self._writer is None:
-            path = os.path.join(self.dir, f"part-{len(self.staged):05d}")
-            self._writer = encoding.TFRecordFileWriter(path, self.compression)
+            path = os.path.join(self.dir, f"part-{len(self._closing):05d}")
+            self._writer = encoding.TFRecordFileWriter(path, self.compression, durable=self.durable)
         return self._writer
 
-    def _roll(self) -> None:
-        writer = self._writer
+    def _finish(self, writer: encoding.TFRecordFileWriter) -> _StagedShard:
         records, num_bytes, digest = writer.close()
-        self.staged.append(_StagedShard(self.split, writer.path, records, num_bytes, digest))
-        self._writer = None
+        return _StagedShard(self.split, writer.path, records, num_bytes, digest)
+
+    def _roll(self) -> None:
+        writer, self._writer = self._writer, None
+        if self._closer is not None:
+            self._closing.append(self._closer.submit(self._finish, writer))
+        else:
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            done.set_result(self._finish(writer))
+            self._closing.append(done)
 
     def write(self, batch: encoding.EncodedBatch) -> None:
         start, total = 0, len(batch)
@@ -997,9 +1010,10 @@ class _RollingShards:
             start = stop
 
     def close(self) -> list[_StagedShard]:
+        """Every shard closed (and durable), in order."""
         if self._writer is not None and self._writer.num_records:
             self._roll()
-        elif self._writer is None and not self.staged:
+        elif self._writer is None and not self._closing:
             # An empty split still gets one (empty, valid) shard so readers find the split.
             self._open()
             self._roll()
@@ -1007,11 +1021,14 @@ class _RollingShards:
             self._writer.abort()
             os.remove(self._writer.path)
             self._writer = None
-        return self.staged
+        return [future.result() for future in self._closing]
 
     def abort(self) -> None:
         if self._writer is not None:
             self._writer.abort()
+        for future in self._closing:  # let queued closes finish before the staging directory goes
+            with contextlib.suppress(BaseException):
+                future.result()
 
 
 # --- the conversion ------------------------------------------------------------------------------------------
@@ -1112,8 +1129,8 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
     features, needed = _select_columns(data, files[0].uri, _available(first_reader))
     first_chunks = first_reader.chunks(needed, data.read_chunk_rows)
     first_chunk = next(first_chunks, None)
-    first_chunks.close()
     if first_chunk is None or first_chunk.num_rows == 0:
+        first_chunks.close()
         raise ConversionError(
             f"{files[0].uri} has no data rows in its first {data.read_chunk_rows} lines or rows; the schema is "
             "inferred from the first chunk, so the first file needs data"
@@ -1132,15 +1149,21 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
     staging_dir, local_out = _staging_dir(out_fs, dataset_path, fingerprint)
     compression = "gzip" if data.compression == Compression.GZIP else "none"
     target_bytes = int(data.target_shard_mb * 1024 * 1024)
-    shards = {s: _RollingShards(s, staging_dir, compression, target_bytes) for s in SPLITS}
+    # Local output is published by renaming the staged files, so they are fsynced as each shard closes (on the
+    # writer thread, beside the encoding); remote output is uploaded from staging, and the upload is durable.
     stats = _Stats()
     writes = _BackgroundWrites()
+    shards = {s: _RollingShards(s, staging_dir, compression, target_bytes, durable=local_out, closer=writes.closer)
+              for s in SPLITS}
     try:
-        for source_file in files:
-            reader = _open_reader(fs, source_file, data)
+        for index, source_file in enumerate(files):
             logger.info("convert | reading %s (%s, %d bytes)", source_file.uri, source_file.format.value,
                         source_file.info.size)
-            for chunk in _read_ahead(reader.chunks(needed, data.read_chunk_rows)):
+            if index == 0:  # the chunk the schema came from is converted, not read a second time
+                chunks = _prepend(first_chunk, first_chunks)
+            else:
+                chunks = _open_reader(fs, source_file, data).chunks(needed, data.read_chunk_rows)
+            for chunk in _read_ahead(chunks):
                 _convert_chunk(chunk, source_file.format, data, features, types, vocabulary, shards, writes,
                                stats)
         writes.wait()
@@ -1159,6 +1182,7 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
             writer.abort()
         raise
     finally:
+        first_chunks.close()
         writes.close()
         shutil.rmtree(staging_dir, ignore_errors=True)
     logger.info(
@@ -1177,21 +1201,26 @@ class _BackgroundWrites:
 
     def __init__(self):
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-write")
+        # Closing a full shard (its fsync waits on the disk) runs here, beside the writes of the next one.
+        self.closer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-close")
         self._pending: concurrent.futures.Future | None = None
 
     def submit(self, shards: dict[str, _RollingShards], batch: encoding.EncodedBatch, to_eval: np.ndarray) -> None:
         """Queue `batch`: rows where `to_eval` is true go to the eval shards, the rest to train."""
+        # The row selection copies every record once; done here, it overlaps the previous batch's writes.
+        num_eval = int(to_eval.sum())
+        parts = []
+        if num_eval:
+            parts.append((shards["eval"], batch.take(to_eval)))
+        if num_eval < len(batch):
+            parts.append((shards["train"], batch.take(~to_eval)))
         self.wait()
-        self._pending = self._pool.submit(self._write, shards, batch, to_eval)
+        self._pending = self._pool.submit(self._write, parts)
 
     @staticmethod
-    def _write(shards, batch: encoding.EncodedBatch, to_eval: np.ndarray) -> None:
-        # The row selection copies every record once; done here, it overlaps the next chunk's encoding.
-        num_eval = int(to_eval.sum())
-        if num_eval:
-            shards["eval"].write(batch.take(to_eval))
-        if num_eval < len(batch):
-            shards["train"].write(batch.take(~to_eval))
+    def _write(parts: list[tuple[_RollingShards, encoding.EncodedBatch]]) -> None:
+        for split_shards, records in parts:
+            split_shards.write(records)
 
     def wait(self) -> None:
         if self._pending is not None:
@@ -1200,6 +1229,16 @@ class _BackgroundWrites:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self.closer.shutdown(wait=True)
+
+
+def _prepend(first: _RawChunk, rest: Iterator[_RawChunk]) -> Iterator[_RawChunk]:
+    """`first`, then the chunks of `rest`; closing this closes `rest` (and its file)."""
+    try:
+        yield first
+        yield from rest
+    finally:
+        rest.close()
 
 
 def _read_ahead(chunks: Iterator[_RawChunk]) -> Iterator[_RawChunk]:
@@ -1368,6 +1407,10 @@ def _publish(out_fs, dataset_path: str, dataset_uri: str, staged: list[_StagedSh
                 out_fs.put_file(shard.local_path, target)
             infos.append(ShardInfo(split=split, path=relative, num_records=shard.num_records,
                                    num_bytes=shard.num_bytes, sha256=shard.sha256))
+    if local_out:  # the renames themselves reach the disk before the manifest that names them
+        for split in SPLITS:
+            storage.fsync_dir(os.path.join(dataset_path, split))
+        storage.fsync_dir(dataset_path)
     join = os.path.join if local_out else posixpath.join
     storage.write_bytes_atomic(out_fs, join(dataset_path, SCHEMA_NAME), schema.model_dump_json(indent=2).encode())
     manifest = Manifest(

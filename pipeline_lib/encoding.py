@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -25,6 +26,8 @@ from typing import Any, BinaryIO
 import crc32c as _crc32c
 import numpy as np
 import pyarrow as pa
+
+from pipeline_lib import native
 
 ColumnLike = np.ndarray | pa.Array | pa.ChunkedArray | Sequence[Any]
 
@@ -383,7 +386,9 @@ def _fixed_tfrecords(example: Sequence[_Piece], rows: int, size: int) -> Encoded
     out[:] = template
     for position, fixed in variable:
         out[:, position : position + fixed.shape[1]] = fixed
-    if rows:
+    if rows and native.module is not None:
+        native.module.frame_fixed(out, width)
+    elif rows:
         out[:, -4:] = _record_crcs(out.reshape(-1), range(12, rows * width, width), size)
     return EncodedBatch(out.reshape(-1), np.arange(rows + 1, dtype=np.int64) * width)
 
@@ -423,12 +428,15 @@ def encode_tfrecords(columns: Mapping[str, ColumnLike]) -> EncodedBatch:
         header[:, 8:] = crc_table[inverse.reshape(-1)]
         footer = np.zeros((rows, 4), dtype=_U8)
         data, offsets = _assemble([_Piece(fixed=header), *example, _Piece(fixed=footer)], rows)
-        ends = offsets[1:] - 4
-        masked = _record_crcs(data, (offsets[:-1] + 12).tolist(), ends=ends.tolist())
-        if rows and int(sizes.min()) == int(sizes.max()):
-            data.reshape(rows, -1)[:, -4:] = masked
+        if native.module is not None:
+            native.module.frame_offsets(data, offsets)
         else:
-            data[ends[:, None] + np.arange(4)] = masked
+            ends = offsets[1:] - 4
+            masked = _record_crcs(data, (offsets[:-1] + 12).tolist(), ends=ends.tolist())
+            if rows and int(sizes.min()) == int(sizes.max()):
+                data.reshape(rows, -1)[:, -4:] = masked
+            else:
+                data[ends[:, None] + np.arange(4)] = masked
         batches.append(EncodedBatch(data, offsets))
     return _concat(batches)
 
@@ -460,12 +468,15 @@ class TFRecordFileWriter:
 
     With `compression="gzip"` the file is one gzip stream (mtime 0, so reruns write identical bytes), which
     `tf.data.TFRecordDataset(..., compression_type="GZIP")` reads. Tracks records, file bytes and sha256.
+    With `durable=True`, `close()` returns only once the bytes are on the storage device (fsync): a manifest
+    written after it can never name a shard that a crash left short.
     """
 
-    def __init__(self, path: str, compression: str = "none"):
+    def __init__(self, path: str, compression: str = "none", durable: bool = False):
         if compression not in ("none", "gzip"):
             raise ValueError(f"compression {compression!r} is not supported; use 'none' or 'gzip'")
         self.path = path
+        self.durable = durable
         self._file = open(path, "wb")  # noqa: SIM115  (closed by close() or abort(); the writer outlives a with-block)
         self._hashing = _HashingWriter(self._file)
         self._gzip = gzip.GzipFile(filename="", mode="wb", fileobj=self._hashing, mtime=0) if compression == "gzip" else None
@@ -485,6 +496,9 @@ class TFRecordFileWriter:
         """Close the file; returns (records, bytes on disk, sha256 hex of the file)."""
         if self._gzip is not None:
             self._gzip.close()
+        if self.durable:
+            self._file.flush()
+            os.fsync(self._file.fileno())
         self._file.close()
         return self.num_records, self._hashing.num_bytes, self._hashing.sha256.hexdigest()
 

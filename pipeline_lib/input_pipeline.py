@@ -79,6 +79,7 @@ def make_parse_fn(schema: Schema, is_classification: bool | None = None):
     description = feature_description(schema)
     numeric = numeric_features(schema)
     strings = string_features(schema)
+    all_scalar = all(not spec.shape for spec in numeric)
     label = schema.label
     target_dtype = label_dtype(schema, is_classification)
     table = None
@@ -100,11 +101,13 @@ def make_parse_fn(schema: Schema, is_classification: bool | None = None):
         parsed = tf.io.parse_example(serialized, description)
         inputs: dict[str, tf.Tensor] = {}
         if numeric:
-            columns = []
-            for spec in numeric:
-                value = tf.cast(parsed[spec.name], tf.float32)
-                columns.append(tf.reshape(value, [-1, _size(spec)]))
-            inputs[NUMERIC_KEY] = tf.concat(columns, axis=1) if len(columns) > 1 else columns[0]
+            values = [parsed[spec.name] if spec.dtype == DType.FLOAT32 else tf.cast(parsed[spec.name], tf.float32)
+                      for spec in numeric]
+            if all_scalar:  # one op for the common tabular case instead of a reshape per column and a concat
+                inputs[NUMERIC_KEY] = tf.stack(values, axis=1)
+            else:
+                columns = [tf.reshape(value, [-1, _size(spec)]) for spec, value in zip(numeric, values)]
+                inputs[NUMERIC_KEY] = tf.concat(columns, axis=1) if len(columns) > 1 else columns[0]
         for spec in strings:
             inputs[spec.name] = tf.reshape(parsed[spec.name], [-1, _size(spec)])
         labels = parsed[label.name]

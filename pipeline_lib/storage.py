@@ -98,6 +98,21 @@ def sha256_local(path: str) -> str:
     return digest.hexdigest()
 
 
+def fsync_dir(path: str) -> None:
+    """Make a local directory's entries (files created or renamed into it) durable; a no-op where the OS
+    cannot open directories (Windows)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def write_bytes_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """Write a small file so that readers see either the old content or the whole new one.
 
@@ -113,6 +128,7 @@ def write_bytes_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) ->
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        fsync_dir(os.path.dirname(path) or ".")
     else:
         with fs.open(path, "wb") as handle:
             handle.write(data)
