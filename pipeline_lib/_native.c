@@ -126,34 +126,33 @@ static PyObject *frame_offsets(PyObject *self, PyObject *args) {
         PyBuffer_Release(&data);
         return NULL;
     }
-    PyObject *result = Py_None;
+    int ok = 1;
     if (offsets.itemsize != 8 || offsets.len < 8) {
         PyErr_SetString(PyExc_TypeError, "offsets must be an int64 array of at least one entry");
-        result = NULL;
-    } else {
-        const int64_t *off = (const int64_t *)offsets.buf;
-        Py_ssize_t n = offsets.len / 8 - 1;
-        for (Py_ssize_t i = 0; i < n && result; i++) {
-            if (off[i] < 0 || off[i + 1] - off[i] < 16 || off[i + 1] > data.len) {
-                PyErr_Format(PyExc_ValueError, "record %zd spans [%lld, %lld) of a %zd-byte buffer: not a framed record",
-                             i, (long long)off[i], (long long)off[i + 1], data.len);
-                result = NULL;
-            }
+        ok = 0;
+    }
+    const int64_t *off = (const int64_t *)offsets.buf;
+    Py_ssize_t n = ok ? offsets.len / 8 - 1 : 0;
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        if (off[i] < 0 || off[i + 1] - off[i] < 16 || off[i + 1] > data.len) {
+            PyErr_Format(PyExc_ValueError, "record %zd spans [%lld, %lld) of a %zd-byte buffer: not a framed record",
+                         i, (long long)off[i], (long long)off[i + 1], data.len);
+            ok = 0;
         }
-        if (result) {
-            uint8_t *base = (uint8_t *)data.buf;
-            Py_BEGIN_ALLOW_THREADS
-            for (Py_ssize_t i = 0; i < n; i++) {
-                uint8_t *record = base + off[i];
-                size_t size = (size_t)(off[i + 1] - off[i]);
-                put_masked(record + size - 4, crc32c(record + 12, size - 16));
-            }
-            Py_END_ALLOW_THREADS
+    }
+    if (ok) {
+        uint8_t *base = (uint8_t *)data.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint8_t *record = base + off[i];
+            size_t size = (size_t)(off[i + 1] - off[i]);
+            put_masked(record + size - 4, crc32c(record + 12, size - 16));
         }
+        Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&offsets);
     PyBuffer_Release(&data);
-    if (!result) return NULL;
+    if (!ok) return NULL;
     Py_RETURN_NONE;
 }
 

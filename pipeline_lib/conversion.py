@@ -964,12 +964,12 @@ class _StagedShard:
 class _RollingShards:
     """One split's shards in the staging directory, rolled over once a shard holds target bytes of records.
 
-    The size that counts is the uncompressed record bytes, so shard boundaries depend only on the rows. With a
-    `closer` executor, a full shard is closed (and fsynced, when durable) there, while the next one fills.
+    The size that counts is the uncompressed record bytes, so shard boundaries depend only on the rows. A full
+    shard is closed (and fsynced, when durable) on the `closer` executor while the next one fills.
     """
 
     def __init__(self, split: str, staging_dir: str, compression: str, target_bytes: int, durable: bool,
-                 closer: concurrent.futures.Executor | None = None):
+                 closer: concurrent.futures.Executor):
         self.split, self.compression, self.target_bytes = split, compression, max(1, target_bytes)
         self.durable, self._closer = durable, closer
         self.dir = os.path.join(staging_dir, split)
@@ -989,12 +989,7 @@ class _RollingShards:
 
     def _roll(self) -> None:
         writer, self._writer = self._writer, None
-        if self._closer is not None:
-            self._closing.append(self._closer.submit(self._finish, writer))
-        else:
-            done: concurrent.futures.Future = concurrent.futures.Future()
-            done.set_result(self._finish(writer))
-            self._closing.append(done)
+        self._closing.append(self._closer.submit(self._finish, writer))
 
     def write(self, batch: encoding.EncodedBatch) -> None:
         start, total = 0, len(batch)
@@ -1150,7 +1145,7 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
     compression = "gzip" if data.compression == Compression.GZIP else "none"
     target_bytes = int(data.target_shard_mb * 1024 * 1024)
     # Local output is published by renaming the staged files, so they are fsynced as each shard closes (on the
-    # writer thread, beside the encoding); remote output is uploaded from staging, and the upload is durable.
+    # closer thread, beside the next shard's writes); remote output is uploaded from staging, which is durable.
     stats = _Stats()
     writes = _BackgroundWrites()
     shards = {s: _RollingShards(s, staging_dir, compression, target_bytes, durable=local_out, closer=writes.closer)
@@ -1407,10 +1402,10 @@ def _publish(out_fs, dataset_path: str, dataset_uri: str, staged: list[_StagedSh
                 out_fs.put_file(shard.local_path, target)
             infos.append(ShardInfo(split=split, path=relative, num_records=shard.num_records,
                                    num_bytes=shard.num_bytes, sha256=shard.sha256))
-    if local_out:  # the renames themselves reach the disk before the manifest that names them
+    if local_out:  # the renames reach the disk before the manifest names them (the dataset directory itself is
+        # fsynced by write_bytes_atomic with schema.json, next)
         for split in SPLITS:
             storage.fsync_dir(os.path.join(dataset_path, split))
-        storage.fsync_dir(dataset_path)
     join = os.path.join if local_out else posixpath.join
     storage.write_bytes_atomic(out_fs, join(dataset_path, SCHEMA_NAME), schema.model_dump_json(indent=2).encode())
     manifest = Manifest(
