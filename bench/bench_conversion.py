@@ -6,6 +6,7 @@ Run alone with `python -m bench.bench_conversion [--rows N --width W]`, or throu
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -45,6 +46,29 @@ def write_source(path: str, rows: int, width: int, seed: int = 0, batch_rows: in
             writer.write_table(pa.table({"x": values, "label": rng.integers(0, 10, size=n)}, schema=schema))
 
 
+def write_npz(path: str, parquet_source: str) -> None:
+    """The same rows as `parquet_source`, as a NumPy .npz of `x` (rows, width) float32 and `label` int64."""
+    table = pq.read_table(parquet_source)
+    width = table.schema.field("x").type.list_size
+    np.savez(path, x=table.column("x").combine_chunks().flatten().to_numpy().reshape(-1, width),
+             label=table.column("label").to_numpy())
+
+
+def read_seconds(source: str) -> float:
+    """Seconds to read every row of `source` into memory the way conversion does, and do nothing else."""
+    start = time.perf_counter()
+    if source.endswith(".npz"):
+        with np.load(source) as arrays:
+            for name in arrays.files:
+                arrays[name]
+    else:
+        handle = pq.ParquetFile(source)
+        for row_group in range(handle.num_row_groups):
+            for _batch in handle.iter_batches(batch_size=65536, row_groups=[row_group]):
+                pass
+    return time.perf_counter() - start
+
+
 def per_row_baseline(x: np.ndarray, label: np.ndarray, out_dir: str, num_shards: int) -> float:
     """Seconds for the naive recipe on in-memory numpy columns: one `tf.train.Example` per row, built in Python,
     serialized and written by `tf.io.TFRecordWriter` (which frames and crc32c's in C++) into num_shards files.
@@ -69,22 +93,27 @@ def per_row_baseline(x: np.ndarray, label: np.ndarray, out_dir: str, num_shards:
 def fast_write_seconds(x: np.ndarray, label: np.ndarray, out_dir: str, num_shards: int) -> tuple[float, int]:
     """(seconds, bytes) for the bulk writer on the same in-memory columns into the same number of files:
     `encoding.encode_tfrecords` (protobuf + TFRecord framing + crc32c) and `TFRecordFileWriter` (write, sha256,
-    fsync: durable, as conversion writes local shards), on one thread, in slices of 65536 rows.
+    fsync: durable, as conversion writes local shards), in slices of 65536 rows, one after the other: one thread,
+    with each block's sha256 beside its file write as in conversion, and no overlap of encoding and writing.
     """
     from pipeline_lib import encoding
 
     os.makedirs(out_dir, exist_ok=True)
     per_shard = -(-len(x) // num_shards)
     total = 0
+    hasher = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     start = time.perf_counter()
     for shard in range(num_shards):
-        writer = encoding.TFRecordFileWriter(os.path.join(out_dir, f"part-{shard:05d}.tfrecord"), durable=True)
+        writer = encoding.TFRecordFileWriter(os.path.join(out_dir, f"part-{shard:05d}.tfrecord"), durable=True,
+                                             hasher=hasher)
         rows = slice(shard * per_shard, (shard + 1) * per_shard)
         for offset in range(rows.start, min(rows.stop, len(x)), 65536):
             stop = min(offset + 65536, rows.stop, len(x))
             writer.write(encoding.encode_tfrecords({"x": x[offset:stop], "label": label[offset:stop]}))
         total += writer.close()[1]
-    return time.perf_counter() - start, total
+    seconds = time.perf_counter() - start
+    hasher.shutdown()
+    return seconds, total
 
 
 def raw_write_seconds(payloads: list[bytes], out_dir: str, durable: bool = True) -> float:
@@ -122,10 +151,23 @@ def _convert_seconds(data, output_root: str):
     return time.perf_counter() - start, manifest
 
 
+def _shard_bytes(output_root: str, manifest) -> list[bytes]:
+    dataset_dir = os.path.join(output_root, "data", manifest.fingerprint)
+    shard_bytes = []
+    for shard in manifest.shards:
+        with open(os.path.join(dataset_dir, shard.path), "rb") as handle:
+            shard_bytes.append(handle.read())
+    return shard_bytes
+
+
 def run(rows: int = 200_000, width: int = 32, quick: bool = False, repeats: int = 3) -> list[dict]:
-    """Every case timed `repeats` times, interleaved (fast, baseline, writer, raw, fast, ...) so that load from
+    """Every case timed `repeats` times, interleaved (Parquet, NPZ, baseline, writer, raw, ...) so that load from
     other processes hits them alike; the best time of each counts. One warm-up of each path first, so imports
     and one-time initialisation (pyarrow's lazy modules, TensorFlow's writer) are timed for neither side.
+
+    Conversion runs from two sources of the same rows: Parquet (`x` a fixed-size list column) and NumPy .npz.
+    Reading each source alone, with no conversion, is timed too: it is the part of convert() that depends on
+    the source format, and Parquet's list decoding alone takes longer than the raw write of the output.
     """
     from pipeline_lib import native
     from pipeline_lib.config import DataConfig
@@ -136,11 +178,17 @@ def run(rows: int = 200_000, width: int = 32, quick: bool = False, repeats: int 
     try:
         source = os.path.join(work, "rows.parquet")
         write_source(source, rows, width)
+        npz_source = os.path.join(work, "rows.npz")
+        write_npz(npz_source, source)
         data = DataConfig(source=source, label="label", target_shard_mb=8.0)
+        npz_data = DataConfig(source=npz_source, label="label", target_shard_mb=8.0)
 
         warm = os.path.join(work, "warm.parquet")
         write_source(warm, 2_000, width, seed=2)
-        _convert_seconds(DataConfig(source=warm, label="label", target_shard_mb=8.0), os.path.join(work, "warm"))
+        write_npz(os.path.join(work, "warm.npz"), warm)
+        for warm_source in (warm, os.path.join(work, "warm.npz")):
+            _convert_seconds(DataConfig(source=warm_source, label="label", target_shard_mb=8.0),
+                             os.path.join(work, "warm"))
         table = pq.read_table(source)
         x = table.column("x").combine_chunks().flatten().to_numpy().reshape(rows, width)
         label = table.column("label").to_numpy()
@@ -148,46 +196,59 @@ def run(rows: int = 200_000, width: int = 32, quick: bool = False, repeats: int 
         per_row_baseline(x[:2_000], label[:2_000], os.path.join(work, "warm-baseline"), 1)
         fast_write_seconds(x[:2_000], label[:2_000], os.path.join(work, "warm-writer"), 1)
 
-        fast_s = baseline_s = writer_s = raw_s = cache_s = float("inf")
+        best = dict.fromkeys(["parquet", "npz", "baseline", "writer", "raw", "cache", "read_parquet", "read_npz"],
+                             float("inf"))
+
+        def keep(name: str, seconds: float) -> None:
+            best[name] = min(best[name], seconds)
+
         for attempt in range(repeats):
             seconds, manifest = _convert_seconds(data, os.path.join(work, "fast"))
-            fast_s = min(fast_s, seconds)
+            keep("parquet", seconds)
+            seconds, npz_manifest = _convert_seconds(npz_data, os.path.join(work, "fast-npz"))
+            keep("npz", seconds)
             num_shards = len(manifest.shards)
-            dataset_dir = os.path.join(work, "fast", "data", manifest.fingerprint)
-            shard_bytes = []
-            for shard in manifest.shards:
-                with open(os.path.join(dataset_dir, shard.path), "rb") as handle:
-                    shard_bytes.append(handle.read())
+            shard_bytes = _shard_bytes(os.path.join(work, "fast"), manifest)
+            assert shard_bytes == _shard_bytes(os.path.join(work, "fast-npz"), npz_manifest), "sources disagree"
             total_bytes = sum(len(b) for b in shard_bytes)
-            baseline_s = min(baseline_s, per_row_baseline(x, label, os.path.join(work, f"baseline{attempt}"),
-                                                          num_shards))
+            keep("read_parquet", read_seconds(source))
+            keep("read_npz", read_seconds(npz_source))
+            keep("baseline", per_row_baseline(x, label, os.path.join(work, f"baseline{attempt}"), num_shards))
             shutil.rmtree(os.path.join(work, f"baseline{attempt}"), ignore_errors=True)
             seconds, writer_bytes = fast_write_seconds(x, label, os.path.join(work, f"writer{attempt}"), num_shards)
-            writer_s = min(writer_s, seconds)
+            keep("writer", seconds)
             shutil.rmtree(os.path.join(work, f"writer{attempt}"), ignore_errors=True)
-            raw_s = min(raw_s, raw_write_seconds(shard_bytes, os.path.join(work, f"raw{attempt}")))
+            keep("raw", raw_write_seconds(shard_bytes, os.path.join(work, f"raw{attempt}")))
             shutil.rmtree(os.path.join(work, f"raw{attempt}"), ignore_errors=True)
-            cache_s = min(cache_s, raw_write_seconds(shard_bytes, os.path.join(work, f"cache{attempt}"), False))
+            keep("cache", raw_write_seconds(shard_bytes, os.path.join(work, f"cache{attempt}"), False))
             shutil.rmtree(os.path.join(work, f"cache{attempt}"), ignore_errors=True)
             del shard_bytes
         del x, label
 
-        fast_rows, base_rows, writer_rows = rows / fast_s, rows / baseline_s, rows / writer_s
-        fast_mb, raw_mb, cache_mb = total_bytes / fast_s / 1e6, total_bytes / raw_s / 1e6, total_bytes / cache_s / 1e6
-        writer_mb = writer_bytes / writer_s / 1e6
+        def mb_s(name: str, size: int = total_bytes) -> float:
+            return size / best[name] / 1e6
+
+        fast_rows, npz_rows, base_rows, writer_rows = (rows / best[k] for k in ("parquet", "npz", "baseline", "writer"))
+        raw_s = best["raw"]
         print(f"conversion: {rows} rows x ({width} float32 + 1 int64 label) -> {num_shards} shards, "
               f"{total_bytes / 1e6:.1f} MB of TFRecords; best of {repeats} interleaved runs, after a warm-up; "
               f"loops: {native.describe()}")
-        print(f"  fast convert() {fast_s:.3f}s = {fast_rows:,.0f} rows/s = {fast_mb:.1f} MB/s  [Parquet file -> "
-              "read, coerce, split hash, encode, frame + crc32c, write, sha256, fsync, publish, manifest]")
-        print(f"  per-row tf.train.Example loop {baseline_s:.3f}s = {base_rows:,.0f} rows/s  [in-memory numpy "
+        print(f"  convert() from Parquet {best['parquet']:.3f}s = {fast_rows:,.0f} rows/s = {mb_s('parquet'):.1f} MB/s  "
+              "[read, coerce, split hash, encode, frame + crc32c, write, sha256, fsync, publish, manifest]")
+        print(f"  convert() from NumPy .npz {best['npz']:.3f}s = {npz_rows:,.0f} rows/s = {mb_s('npz'):.1f} MB/s  "
+              "[the same steps and the same shard bytes]")
+        print(f"  reading the source alone, no conversion: Parquet {best['read_parquet']:.3f}s "
+              f"({best['read_parquet'] / raw_s:.1f}x the raw write below), .npz {best['read_npz']:.3f}s "
+              f"({best['read_npz'] / raw_s:.1f}x)")
+        print(f"  per-row tf.train.Example loop {best['baseline']:.3f}s = {base_rows:,.0f} rows/s  [in-memory numpy "
               "columns -> Example per row, SerializeToString, tf.io.TFRecordWriter; no read, split or sha256]")
-        print(f"  bulk writer alone {writer_s:.3f}s = {writer_rows:,.0f} rows/s = {writer_mb:.1f} MB/s  [the same "
-              "in-memory columns -> encode_tfrecords, write, sha256, fsync; one thread]")
-        print(f"  raw write of the same bytes {raw_s:.3f}s = {raw_mb:.1f} MB/s  [the shard bytes, already in "
+        print(f"  bulk writer alone {best['writer']:.3f}s = {writer_rows:,.0f} rows/s = "
+              f"{mb_s('writer', writer_bytes):.1f} MB/s  [the same in-memory columns -> encode_tfrecords, write, "
+              "sha256, fsync; no overlap of encoding and writing]")
+        print(f"  raw write of the same bytes {raw_s:.3f}s = {mb_s('raw'):.1f} MB/s  [the shard bytes, already in "
               "memory -> open().write() + fsync to new files]")
-        print(f"  (page-cache copy of the same bytes, no fsync: {cache_s:.3f}s = {cache_mb:.0f} MB/s; that is memory "
-              f"bandwidth, not storage: convert() is {fast_mb / cache_mb:.2f}x of it)")
+        print(f"  (page-cache copy of the same bytes, no fsync: {best['cache']:.3f}s = {mb_s('cache'):.0f} MB/s; that "
+              f"is memory bandwidth, not storage: convert() from .npz is {mb_s('npz') / mb_s('cache'):.2f}x of it)")
 
         big_rows = rows * 10
         big = os.path.join(work, "rows10.parquet")
@@ -201,8 +262,10 @@ def run(rows: int = 200_000, width: int = 32, quick: bool = False, repeats: int 
         return [
             case("conversion vs per-row tf.train.Example loop (rows/s)", fast_rows, base_rows, 10.0),
             case("conversion bulk writer vs per-row loop (rows/s)", writer_rows, base_rows, 10.0),
-            case("conversion bulk writer vs raw durable write bandwidth (MB/s)", writer_mb, raw_mb, 0.5),
-            case("conversion end to end vs raw durable write bandwidth (MB/s)", fast_mb, raw_mb, 0.5),
+            case("conversion bulk writer vs raw durable write bandwidth (MB/s)", mb_s("writer", writer_bytes),
+                 mb_s("raw"), 0.5),
+            case("conversion end to end vs raw durable write bandwidth (MB/s)", mb_s("parquet"), mb_s("raw"), 0.5),
+            case("conversion end to end from .npz vs raw durable write (MB/s)", mb_s("npz"), mb_s("raw"), 0.5),
             # Lower is better: ratio = RSS at 1x / RSS at 10x; ≥ 0.67 means under 1.5x growth for 10x the input.
             case("conversion peak RSS at 10x input vs 1x (MB)", big_rss, small_rss, 0.67, higher_is_better=False),
         ]

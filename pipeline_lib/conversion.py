@@ -969,9 +969,9 @@ class _RollingShards:
     """
 
     def __init__(self, split: str, staging_dir: str, compression: str, target_bytes: int, durable: bool,
-                 closer: concurrent.futures.Executor):
+                 closer: concurrent.futures.Executor, hasher: concurrent.futures.Executor):
         self.split, self.compression, self.target_bytes = split, compression, max(1, target_bytes)
-        self.durable, self._closer = durable, closer
+        self.durable, self._closer, self._hasher = durable, closer, hasher
         self.dir = os.path.join(staging_dir, split)
         os.makedirs(self.dir, exist_ok=True)
         self._closing: list[concurrent.futures.Future] = []
@@ -980,7 +980,8 @@ class _RollingShards:
     def _open(self) -> encoding.TFRecordFileWriter:
         if self._writer is None:
             path = os.path.join(self.dir, f"part-{len(self._closing):05d}")
-            self._writer = encoding.TFRecordFileWriter(path, self.compression, durable=self.durable)
+            self._writer = encoding.TFRecordFileWriter(path, self.compression, durable=self.durable,
+                                                       hasher=self._hasher)
         return self._writer
 
     def _finish(self, writer: encoding.TFRecordFileWriter) -> _StagedShard:
@@ -1148,7 +1149,8 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
     # closer thread, beside the next shard's writes); remote output is uploaded from staging, which is durable.
     stats = _Stats()
     writes = _BackgroundWrites()
-    shards = {s: _RollingShards(s, staging_dir, compression, target_bytes, durable=local_out, closer=writes.closer)
+    shards = {s: _RollingShards(s, staging_dir, compression, target_bytes, durable=local_out, closer=writes.closer,
+                                hasher=writes.hasher)
               for s in SPLITS}
     try:
         for index, source_file in enumerate(files):
@@ -1198,17 +1200,17 @@ class _BackgroundWrites:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-write")
         # Closing a full shard (its fsync waits on the disk) runs here, beside the writes of the next one.
         self.closer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-close")
+        # The sha256 of each written block runs here while the write thread copies the block to its file.
+        self.hasher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-hash")
         self._pending: concurrent.futures.Future | None = None
 
-    def submit(self, shards: dict[str, _RollingShards], batch: encoding.EncodedBatch, to_eval: np.ndarray) -> None:
-        """Queue `batch`: rows where `to_eval` is true go to the eval shards, the rest to train."""
-        # The row selection copies every record once; done here, it overlaps the previous batch's writes.
-        num_eval = int(to_eval.sum())
+    def submit(self, shards: dict[str, _RollingShards], batch: encoding.EncodedBatch, num_eval: int) -> None:
+        """Queue `batch`: its first `num_eval` records go to the eval shards, the rest to train."""
         parts = []
         if num_eval:
-            parts.append((shards["eval"], batch.take(to_eval)))
+            parts.append((shards["eval"], batch.rows(0, num_eval)))
         if num_eval < len(batch):
-            parts.append((shards["train"], batch.take(~to_eval)))
+            parts.append((shards["train"], batch.rows(num_eval, len(batch))))
         self.wait()
         self._pending = self._pool.submit(self._write, parts)
 
@@ -1225,6 +1227,7 @@ class _BackgroundWrites:
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         self.closer.shutdown(wait=True)
+        self.hasher.shutdown(wait=True)
 
 
 def _prepend(first: _RawChunk, rest: Iterator[_RawChunk]) -> Iterator[_RawChunk]:
@@ -1302,9 +1305,13 @@ def _convert_chunk(chunk: _RawChunk, fmt: DataFormat, data: DataConfig, features
     hash_names = list(data.split.key_columns) if data.split.key_columns else sorted([*features, data.label])
     hashes = split_hash({name: values[name] for name in hash_names}, data.split.seed)
     to_eval = eval_mask(hashes, data.split.eval_fraction)
-    batch = encoding.encode_tfrecords({**{name: values[name] for name in features}, data.label: encoded_label})
-    num_eval = int(to_eval.sum())
-    writes.submit(shards, batch, to_eval)
+    # Encoded eval rows first, then train rows (each in source order): the split costs no copy of the records.
+    eval_rows = np.flatnonzero(to_eval)
+    order = np.concatenate([eval_rows, np.flatnonzero(~to_eval)])
+    batch = encoding.encode_tfrecords({**{name: values[name] for name in features}, data.label: encoded_label},
+                                      order=order)
+    num_eval = len(eval_rows)
+    writes.submit(shards, batch, num_eval)
     stats.num_rows["eval"] += num_eval
     stats.num_rows["train"] += num_rows - num_eval
 

@@ -20,6 +20,7 @@ import gzip
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -95,20 +96,26 @@ def _const(data: bytes, num_rows: int) -> _Piece:
 
 def _varint_lengths(values: np.ndarray) -> np.ndarray:
     """Bytes each uint64 takes as a protobuf varint (1..10)."""
-    return 1 + (values[:, None] >= _VARINT_LIMITS[None, :]).sum(axis=1)
+    return 1 + np.searchsorted(_VARINT_LIMITS, values, side="right")
 
 
 def _varints(values: np.ndarray) -> _Piece:
     """Varints of a uint64 array, one per row; a fixed piece when they all have the same length."""
     values = np.ascontiguousarray(values, dtype=np.uint64)
-    lengths = _varint_lengths(values)
-    width = int(lengths.max()) if len(values) else 1
+    if not len(values):
+        return _Piece(fixed=np.empty((0, 1), dtype=_U8))
+    low, high = _varint_len_scalar(int(values.min())), _varint_len_scalar(int(values.max()))
+    if high == 1:  # small labels and lengths: the varint is the value's low byte
+        return _Piece(fixed=values.astype(_U8).reshape(-1, 1))
+    width = high
     matrix = np.empty((len(values), width), dtype=_U8)
     for i in range(width):
         matrix[:, i] = ((values >> np.uint64(7 * i)) & np.uint64(0x7F)).astype(_U8) | 0x80
-    matrix[np.arange(len(values)), lengths - 1] &= 0x7F
-    if int(lengths.min(initial=width)) == width:
+    if low == high:
+        matrix[:, -1] &= 0x7F
         return _Piece(fixed=matrix)
+    lengths = _varint_lengths(values)
+    matrix[np.arange(len(values)), lengths - 1] &= 0x7F
     mask = np.arange(width)[None, :] < lengths[:, None]
     return _ragged(matrix[mask], lengths)
 
@@ -128,17 +135,18 @@ def _total(pieces: Sequence[_Piece], num_rows: int) -> np.ndarray:
     return total
 
 
-def _length_prefixed(pieces: list[_Piece], num_rows: int, tag: int) -> tuple[list[_Piece], np.ndarray]:
-    """`tag varint(len) body`: the pieces of a length-delimited field around `pieces`, and its total length."""
+def _length_prefixed(pieces: list[_Piece], num_rows: int, tag: int) -> list[_Piece]:
+    """`tag varint(len) body`: the pieces of a length-delimited field around `pieces`."""
+    if all(piece.fixed is not None for piece in pieces):  # the same length on every row: no per-row sums
+        head = [_const(bytes([tag]) + _varint_bytes(sum(piece.fixed.shape[1] for piece in pieces)), num_rows)]
+        return head + pieces
     body = _total(pieces, num_rows)
-    constant = len(body) and int(body.min()) == int(body.max())
-    if constant or num_rows == 0:
+    if num_rows == 0 or int(body.min()) == int(body.max()):
         size = int(body[0]) if num_rows else 0
         head = [_const(bytes([tag]) + _varint_bytes(size), num_rows)]
     else:
         head = [_const(bytes([tag]), num_rows), _varints(body.astype(np.uint64))]
-    out = head + pieces
-    return out, _total(head, num_rows) + body
+    return head + pieces
 
 
 # --- columns -------------------------------------------------------------------------------------------------
@@ -179,7 +187,7 @@ def _column_pieces(name: str, values: ColumnLike, num_rows: int) -> list[_Piece]
         data, starts, lengths = _string_column(values)
         payload = _ragged(data, lengths, starts)
         value_pieces = [_const(b"\x0a", num_rows), _varints(lengths.astype(np.uint64)), payload]
-        feature_pieces, _ = _length_prefixed(value_pieces, num_rows, 0x0A)  # Feature.bytes_list
+        feature_pieces = _length_prefixed(value_pieces, num_rows, 0x0A)  # Feature.bytes_list
     else:
         if array.ndim not in (1, 2) or array.shape[0] != num_rows:
             raise ValueError(
@@ -191,7 +199,7 @@ def _column_pieces(name: str, values: ColumnLike, num_rows: int) -> list[_Piece]
         if array.dtype.kind == "f":
             floats = np.ascontiguousarray(array, dtype="<f4").reshape(num_rows, width)
             packed = [_const(b"\x0a" + _varint_bytes(4 * width), num_rows), _Piece(fixed=floats.view(_U8))]
-            feature_pieces, _ = _length_prefixed(packed, num_rows, 0x12)  # Feature.float_list
+            feature_pieces = _length_prefixed(packed, num_rows, 0x12)  # Feature.float_list
         elif array.dtype.kind in "iub":
             as_int = array.astype(np.int64, copy=False) if array.dtype.kind != "u" else array.astype(np.uint64)
             varints = _varints(as_int.reshape(-1).view(np.uint64))
@@ -202,21 +210,21 @@ def _column_pieces(name: str, values: ColumnLike, num_rows: int) -> list[_Piece]
                 else:
                     per_row = varints.lengths.reshape(num_rows, width).sum(axis=1)
                     varints = _ragged(varints.flat, per_row)
-            packed, _ = _length_prefixed([varints], num_rows, 0x0A)  # Int64List.value, packed
-            feature_pieces, _ = _length_prefixed(packed, num_rows, 0x1A)  # Feature.int64_list
+            packed = _length_prefixed([varints], num_rows, 0x0A)  # Int64List.value, packed
+            feature_pieces = _length_prefixed(packed, num_rows, 0x1A)  # Feature.int64_list
         else:
             raise TypeError(f"column {name!r} has unsupported dtype {array.dtype}; use int, float or string values")
     head = [_const(b"\x0a" + _varint_bytes(len(key)) + key, num_rows)]
-    value, _ = _length_prefixed(feature_pieces, num_rows, 0x12)  # entry.value
+    value = _length_prefixed(feature_pieces, num_rows, 0x12)  # entry.value
     return head + value
 
 
 def _example_pieces(columns: Mapping[str, ColumnLike], num_rows: int) -> list[_Piece]:
     entries: list[_Piece] = []
     for name, values in columns.items():
-        entry, _ = _length_prefixed(_column_pieces(name, values, num_rows), num_rows, 0x0A)  # Features.feature
+        entry = _length_prefixed(_column_pieces(name, values, num_rows), num_rows, 0x0A)  # Features.feature
         entries += entry
-    example, _ = _length_prefixed(entries, num_rows, 0x0A)  # Example.features
+    example = _length_prefixed(entries, num_rows, 0x0A)  # Example.features
     return example
 
 
@@ -294,23 +302,10 @@ class EncodedBatch:
         stop = len(self) if stop is None else stop
         return int(self.offsets[stop] - self.offsets[start])
 
-    def take(self, mask: np.ndarray) -> EncodedBatch:
-        """The records where `mask` is true, in order."""
-        all_lengths = np.diff(self.offsets)
-        lengths = all_lengths[mask]
-        if len(lengths) == len(self):
-            return self
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        if not len(lengths):
-            return EncodedBatch(self.data[:0], offsets)
-        if int(all_lengths.min()) == int(all_lengths.max()):
-            # Every record has the same size: a row selection of a 2-D view, no index arrays.
-            data = self.data.reshape(len(self), -1)[mask].reshape(-1)
-        else:
-            starts = self.offsets[:-1][mask]
-            data = self.data[np.repeat(starts - offsets[:-1], lengths) + np.arange(int(offsets[-1]))]
-        return EncodedBatch(data, offsets)
+    def rows(self, start: int, stop: int) -> EncodedBatch:
+        """Records [start, stop) as a batch of their own, sharing this batch's bytes."""
+        offsets = self.offsets[start : stop + 1]
+        return EncodedBatch(self.data[offsets[0] : offsets[-1]], offsets - offsets[0])
 
 
 def _concat(batches: Sequence[EncodedBatch]) -> EncodedBatch:
@@ -362,11 +357,12 @@ def _record_crcs(data: np.ndarray, starts: Sequence[int], size: int | None = Non
     return _mask(np.array(crcs, dtype=np.uint64)).view(_U8).reshape(-1, 4)
 
 
-def _fixed_tfrecords(example: Sequence[_Piece], rows: int, size: int) -> EncodedBatch:
+def _fixed_tfrecords(example: Sequence[_Piece], rows: int, size: int, order: np.ndarray | None = None) -> EncodedBatch:
     """Frame rows whose pieces all have the same width: a template row of the constant bytes, then the columns.
 
     Constant pieces (stride 0: tags, keys, lengths) are copied once into the template instead of once per row,
-    so a row of a few numeric columns costs one template copy, one strided copy per column and one crc call.
+    so a row of a few numeric columns costs one template copy, one copy per column and one crc. With `order`,
+    output record j is source row order[j] (a reordering or selection, at no extra pass over the bytes).
     """
     width = 12 + size + 4
     template = np.zeros(width, dtype=_U8)
@@ -380,31 +376,49 @@ def _fixed_tfrecords(example: Sequence[_Piece], rows: int, size: int) -> Encoded
         if w and fixed.strides[0] == 0:
             template[position : position + w] = fixed[0]
         elif w:
-            variable.append((position, fixed))
+            variable.append((position, fixed if fixed.strides[1] == 1 else np.ascontiguousarray(fixed)))
         position += w
-    out = np.empty((rows, width), dtype=_U8)
-    out[:] = template
-    for position, fixed in variable:
-        out[:, position : position + fixed.shape[1]] = fixed
-    if rows and native.module is not None:
-        native.module.frame_fixed(out, width)
-    elif rows:
-        out[:, -4:] = _record_crcs(out.reshape(-1), range(12, rows * width, width), size)
-    return EncodedBatch(out.reshape(-1), np.arange(rows + 1, dtype=np.int64) * width)
+    out_rows = rows if order is None else len(order)
+    out = np.empty((out_rows, width), dtype=_U8)
+    if out_rows and native.module is not None:
+        # Template, columns and CRC of each record in one pass, with the GIL released.
+        native.module.frame_rows(out, template, variable, order)
+    elif out_rows:
+        out[:] = template
+        for position, fixed in variable:
+            out[:, position : position + fixed.shape[1]] = fixed if order is None else fixed[order]
+        out[:, -4:] = _record_crcs(out.reshape(-1), range(12, out_rows * width, width), size)
+    return EncodedBatch(out.reshape(-1), np.arange(out_rows + 1, dtype=np.int64) * width)
 
 
-def encode_tfrecords(columns: Mapping[str, ColumnLike]) -> EncodedBatch:
+def _take(values: ColumnLike, order: np.ndarray) -> ColumnLike:
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        return values.take(pa.array(order))
+    if isinstance(values, np.ndarray):
+        return values[order]
+    return [values[i] for i in order.tolist()]
+
+
+def encode_tfrecords(columns: Mapping[str, ColumnLike], order: np.ndarray | None = None) -> EncodedBatch:
     """Like `encode_examples`, but every record framed for a TFRecord file (length, data and masked CRCs).
 
     Writing `batch.view()` to a file gives the same file `tf.io.TFRecordWriter` writes for these Examples
-    (up to the order of features inside each Example, which protobuf maps leave free).
+    (up to the order of features inside each Example, which protobuf maps leave free). With `order` (row
+    indices), record j is row order[j]: conversion passes eval rows then train rows and slices the result.
     """
     num_rows = _num_rows(columns)
+    if order is not None:
+        order = np.ascontiguousarray(order, dtype=np.int64)
+        if len(order) and (int(order.min()) < 0 or int(order.max()) >= num_rows):
+            raise IndexError(f"order holds row indices outside 0..{num_rows - 1}")
     if 0 < num_rows <= _FIXED_ROWS:
         # Fixed-width numeric rows (every varint the same length) need no index arrays: the whole input at once.
         example = _example_pieces(columns, num_rows)
         if all(piece.fixed is not None for piece in example):
-            return _fixed_tfrecords(example, num_rows, int(_total(example, 1)[0]))
+            return _fixed_tfrecords(example, num_rows, int(_total(example, 1)[0]), order)
+    if order is not None:
+        columns = {name: _take(values, order) for name, values in columns.items()}
+        num_rows = len(order)
     batches = []
     length_crcs: dict[int, bytes] = {}
     for start in range(0, max(num_rows, 1), _BATCH_ROWS):
@@ -444,18 +458,34 @@ def encode_tfrecords(columns: Mapping[str, ColumnLike]) -> EncodedBatch:
 # --- files ---------------------------------------------------------------------------------------------------
 
 
-class _HashingWriter:
-    """A write-only file wrapper that counts and sha256-hashes what reaches the underlying file."""
+# Writes at least this large are hashed on the `hasher` thread while the calling thread writes them.
+_PARALLEL_HASH_BYTES = 1 << 20
 
-    def __init__(self, raw: BinaryIO):
+
+class _HashingWriter:
+    """A write-only file wrapper that counts and sha256-hashes what reaches the underlying file.
+
+    With a `hasher` executor, a large write is hashed there while this thread copies it to the file (hashlib
+    and file writes both release the GIL), and `write` returns once both are done: the digest stays in order.
+    """
+
+    def __init__(self, raw: BinaryIO, hasher: Executor | None = None):
         self._raw = raw
+        self._hasher = hasher
         self.sha256 = hashlib.sha256()
         self.num_bytes = 0
 
     def write(self, data) -> int:
-        self._raw.write(data)
-        self.sha256.update(data)
         size = memoryview(data).nbytes
+        if self._hasher is not None and size >= _PARALLEL_HASH_BYTES:
+            hashed = self._hasher.submit(self.sha256.update, data)
+            try:
+                self._raw.write(data)
+            finally:
+                hashed.result()
+        else:
+            self._raw.write(data)
+            self.sha256.update(data)
         self.num_bytes += size
         return size
 
@@ -469,16 +499,17 @@ class TFRecordFileWriter:
     With `compression="gzip"` the file is one gzip stream (mtime 0, so reruns write identical bytes), which
     `tf.data.TFRecordDataset(..., compression_type="GZIP")` reads. Tracks records, file bytes and sha256.
     With `durable=True`, `close()` returns only once the bytes are on the storage device (fsync): a manifest
-    written after it can never name a shard that a crash left short.
+    written after it can never name a shard that a crash left short. With a `hasher` executor, large writes are
+    hashed on it beside the file write.
     """
 
-    def __init__(self, path: str, compression: str = "none", durable: bool = False):
+    def __init__(self, path: str, compression: str = "none", durable: bool = False, hasher: Executor | None = None):
         if compression not in ("none", "gzip"):
             raise ValueError(f"compression {compression!r} is not supported; use 'none' or 'gzip'")
         self.path = path
         self.durable = durable
         self._file = open(path, "wb")  # noqa: SIM115  (closed by close() or abort(); the writer outlives a with-block)
-        self._hashing = _HashingWriter(self._file)
+        self._hashing = _HashingWriter(self._file, hasher)
         self._gzip = gzip.GzipFile(filename="", mode="wb", fileobj=self._hashing, mtime=0) if compression == "gzip" else None
         self.num_records = 0
         self.num_uncompressed_bytes = 0

@@ -119,6 +119,29 @@ def test_tfrecord_file_is_byte_identical_to_tf_writer(tmp_path):
     assert digest == hashlib.sha256(expected.read_bytes()).hexdigest()
 
 
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_hashing_beside_the_write_gives_the_sha256_of_the_file(tmp_path, compression):
+    """Blocks over _PARALLEL_HASH_BYTES are hashed on the hasher thread while the file write runs."""
+    import concurrent.futures
+    import hashlib
+
+    rng = np.random.default_rng(4)
+    framed = encoding.encode_tfrecords({"x": rng.normal(size=(40_000, 16)).astype(np.float32)})
+    assert framed.num_bytes() > 2 * encoding._PARALLEL_HASH_BYTES
+    path = tmp_path / "hashed.tfrecord"
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as hasher:
+        writer = encoding.TFRecordFileWriter(str(path), compression, durable=True, hasher=hasher)
+        writer.write(framed, 0, 10)  # a small write: hashed inline
+        writer.write(framed, 10, 30_000)  # large: hashed on the hasher thread
+        writer.write(framed, 30_000)
+        num_records, num_bytes, digest = writer.close()
+    content = path.read_bytes()
+    assert (num_records, num_bytes) == (40_000, len(content))
+    assert digest == hashlib.sha256(content).hexdigest()
+    raw = gzip.decompress(content) if compression == "gzip" else content
+    assert raw == framed.view().tobytes()
+
+
 def test_gzip_files_read_back_with_tf_and_are_deterministic(tmp_path):
     columns = _columns(120, seed=7)
     framed = encoding.encode_tfrecords(columns)
@@ -134,18 +157,21 @@ def test_gzip_files_read_back_with_tf_and_are_deterministic(tmp_path):
     _assert_parsed_equal(tf.io.parse_example(next(iter(dataset)), DESCRIPTION), columns)
 
 
-def test_take_selects_framed_records_for_ragged_and_uniform_rows(tmp_path):
+def test_encoding_in_split_order_gives_slices_that_tf_reads_as_the_selected_rows(tmp_path):
+    """Conversion encodes eval rows first and train rows after, then writes the two slices to separate shards."""
     mask = np.random.default_rng(2).random(200) < 0.3
+    order = np.concatenate([np.flatnonzero(mask), np.flatnonzero(~mask)])
     for columns in (_columns(200), {"x": np.ones((200, 4), np.float32), "y": np.arange(200) % 3}):
-        framed = encoding.encode_tfrecords(columns)
-        taken = framed.take(mask)
-        path = tmp_path / "taken.tfrecord"
-        writer = encoding.TFRecordFileWriter(str(path))
-        writer.write(taken)
-        writer.close()
-        got = [r.numpy() for r in tf.data.TFRecordDataset(str(path))]
-        expected = [r for r, keep in zip(encoding.encode_examples(columns).records(), mask) if keep]
-        assert got == expected
+        framed = encoding.encode_tfrecords(columns, order=order)
+        examples = encoding.encode_examples(columns).records()
+        for name, part, keep in (("eval", framed.rows(0, int(mask.sum())), mask),
+                                 ("train", framed.rows(int(mask.sum()), 200), ~mask)):
+            path = tmp_path / f"{name}.tfrecord"
+            writer = encoding.TFRecordFileWriter(str(path))
+            writer.write(part)
+            writer.close()
+            got = [r.numpy() for r in tf.data.TFRecordDataset(str(path))]
+            assert got == [r for r, selected in zip(examples, keep) if selected]
 
 
 def test_strings_from_numpy_lists_and_binary_arrays_encode_alike():

@@ -50,13 +50,44 @@ def test_native_framing_writes_the_bytes_of_the_python_loop(built, monkeypatch, 
     assert bytes(native_ragged.view()) == bytes(python_ragged.view())
 
 
+@pytest.mark.parametrize("num_rows", [1, 37, 9000])
+def test_encoding_in_a_given_row_order_writes_the_records_of_those_rows_with_and_without_the_extension(
+        built, monkeypatch, num_rows):
+    columns = _columns(num_rows, seed=5)
+    fixed = {"small_int": columns["small_int"], "float_vec": columns["float_vec"], "float": columns["float"]}
+    rng = np.random.default_rng(num_rows)
+    order = np.concatenate([rng.permutation(num_rows), rng.integers(0, num_rows, size=5)])  # repeats allowed
+    results = []
+    for use_native in (True, False):
+        if not use_native:
+            _pure_python(monkeypatch)
+        for cols in (fixed, columns):
+            whole, ordered = encoding.encode_tfrecords(cols), encoding.encode_tfrecords(cols, order=order)
+            assert ordered.records() == [whole.record(i) for i in order.tolist()]
+            results.append(bytes(ordered.view()))
+    assert results[:2] == results[2:]
+
+
 def test_native_framing_rejects_buffers_that_are_not_records(built):
+    template = np.zeros(20, dtype=np.uint8)
+    column = np.zeros((5, 4), dtype=np.uint8)
     with pytest.raises(ValueError, match="not a whole number"):
-        built.frame_fixed(np.zeros(100, dtype=np.uint8), 30)
+        built.frame_rows(np.zeros(30, dtype=np.uint8), template, [(12, column)], None)
     with pytest.raises(ValueError, match="not a framed record"):
         built.frame_offsets(np.zeros(100, dtype=np.uint8), np.array([0, 10], dtype=np.int64))
     with pytest.raises(TypeError, match="writable"):
-        built.frame_fixed(b"\0" * 32, 16)
+        built.frame_rows(b"\0" * 100, template, [(12, column)], None)
+    out = np.zeros(100, dtype=np.uint8)
+    with pytest.raises(ValueError, match="outside the payload"):
+        built.frame_rows(out, template, [(14, column)], None)  # 14 + 4 > 20 - 4
+    with pytest.raises(ValueError, match="contiguous rows"):
+        built.frame_rows(out, template, [(12, np.zeros((5, 8), dtype=np.uint8)[:, ::2])], None)
+    with pytest.raises(IndexError, match="order\\[2\\] = 5"):
+        built.frame_rows(out, template, [(12, column)], np.array([0, 1, 5, 2, 3], dtype=np.int64))
+    with pytest.raises(ValueError, match="6 rows for 5 output records"):
+        built.frame_rows(out, template, [(12, np.zeros((6, 4), dtype=np.uint8))], None)
+    with pytest.raises(IndexError, match="outside 0..4"):
+        encoding.encode_tfrecords({"a": np.arange(5)}, order=np.array([5]))
 
 
 def test_native_split_hash_equals_the_numpy_loop(built, monkeypatch):
