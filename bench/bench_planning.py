@@ -6,7 +6,13 @@ import random
 import time
 
 from bench import case
-from pipeline_lib.manifest import FeatureSpec, Manifest, Schema, ShardInfo, SourceFingerprint
+from pipeline_lib.manifest import (
+    FeatureSpec,
+    Manifest,
+    Schema,
+    ShardInfo,
+    SourceFingerprint,
+)
 from pipeline_lib.sharding import plan_shards
 
 

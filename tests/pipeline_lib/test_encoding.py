@@ -121,13 +121,13 @@ def test_tfrecord_file_is_byte_identical_to_tf_writer(tmp_path):
 
 @pytest.mark.parametrize("compression", ["none", "gzip"])
 def test_hashing_beside_the_write_gives_the_sha256_of_the_file(tmp_path, compression):
-    """Blocks over _PARALLEL_HASH_BYTES are hashed on the hasher thread while the file write runs."""
+    """Blocks over _LARGE_WRITE_BYTES are hashed on the hasher thread while the file write runs."""
     import concurrent.futures
     import hashlib
 
     rng = np.random.default_rng(4)
     framed = encoding.encode_tfrecords({"x": rng.normal(size=(40_000, 16)).astype(np.float32)})
-    assert framed.num_bytes() > 2 * encoding._PARALLEL_HASH_BYTES
+    assert framed.num_bytes() > 2 * encoding._LARGE_WRITE_BYTES
     path = tmp_path / "hashed.tfrecord"
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as hasher:
         writer = encoding.TFRecordFileWriter(str(path), compression, durable=True, hasher=hasher)

@@ -145,3 +145,33 @@ def test_local_shards_and_their_directories_are_fsynced_before_the_manifest(tmp_
                                                                        os.path.join(dataset_dir, "eval"))]
     assert len(directory_syncs) == 2
     assert max(shard_syncs) < min(directory_syncs) < manifest_sync
+
+
+def test_durable_writes_hand_each_large_block_to_the_device_as_it_is_written(built, tmp_path, monkeypatch):
+    """start_writeback (sync_file_range) is a hint: the test checks it is asked for exactly the blocks written."""
+    calls = []
+    real = built.start_writeback
+
+    def spy(fd, offset, nbytes):
+        calls.append((offset, nbytes))
+        return real(fd, offset, nbytes)
+
+    monkeypatch.setattr(built, "start_writeback", spy)
+    rng = np.random.default_rng(6)
+    framed = encoding.encode_tfrecords({"x": rng.normal(size=(40_000, 16)).astype(np.float32)})
+    cut = 15_000
+    for durable in (True, False):
+        calls.clear()
+        path = tmp_path / f"durable-{durable}.tfrecord"
+        writer = encoding.TFRecordFileWriter(str(path), durable=durable)
+        writer.write(framed, 0, 3)  # small: no hint
+        writer.write(framed, 3, cut)
+        writer.write(framed, cut)
+        writer.close()
+        assert path.read_bytes() == framed.view().tobytes()
+        small, first = framed.num_bytes(0, 3), framed.num_bytes(3, cut)
+        assert calls == ([(small, first), (small + first, framed.num_bytes(cut))] if durable else [])
+    with open(tmp_path / "durable-True.tfrecord", "rb") as handle:
+        assert built.start_writeback(handle.fileno(), 0, 0) is None
+        with pytest.raises(ValueError, match="must not be negative"):
+            built.start_writeback(handle.fileno(), -1, 10)
