@@ -235,7 +235,11 @@ def test_ctrl_c_to_the_launcher_leaves_no_orphan(tmp_path, dataset):
                         checkpoint_every_steps=100_000, log_every_steps=1000)
     spec_path = tmp_path / "launch_spec.json"
     spec_path.write_text(spec.model_dump_json())
+    # A shell without job control starts background commands with SIGINT ignored, and children inherit that
+    # (`make test &` in a script): restore Python's handler, as an interactive terminal gives the launcher.
     script = textwrap.dedent(f"""
+        import signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from pipeline_lib.launcher import launch
         from pipeline_lib.worker import load_spec
         spec = load_spec({str(spec_path)!r})
