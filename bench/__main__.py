@@ -36,8 +36,10 @@ def print_table(cases: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("suites", nargs="*", default=list(SUITES), help=f"which suites (default all): {list(SUITES)}")
-    parser.add_argument("--rows", type=int, default=200_000, help="generated rows for conversion/input cases")
-    parser.add_argument("--width", type=int, default=32, help="float columns per generated row")
+    parser.add_argument("--rows", type=int, default=None,
+                        help="generated rows for the conversion and input cases (default: each suite's own, "
+                             "2,000,000 for conversion and 1,000,000 for input)")
+    parser.add_argument("--width", type=int, default=None, help="float columns per generated row (default 32)")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -47,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(SUITES[name])
         start = time.perf_counter()
         print(f"\n=== {name} ===", flush=True)
-        got = module.run(rows=args.rows, width=args.width, quick=args.quick)
+        sizes = {key: value for key, value in (("rows", args.rows), ("width", args.width)) if value is not None}
+        got = module.run(quick=args.quick, **sizes)
         cases += got
         print(f"({name}: {time.perf_counter() - start:.1f}s)")
     print()

@@ -34,16 +34,26 @@ print(json.dumps({"peak_rss_mb": peak_kb / 1024,
 """
 
 
-def write_source(path: str, rows: int, width: int, seed: int = 0, batch_rows: int = 100_000) -> None:
-    """A Parquet file of `rows` rows: `x` (width float32 values) and an int `label`, generated in batches."""
+def write_source(path: str, rows: int, width: int, seed: int = 0, batch_rows: int = 100_000,
+                 wide: bool = False) -> None:
+    """A Parquet file of `rows` rows and an int `label`, generated in batches: `x` one fixed-size list column of
+    `width` float32 values, or with `wide` the same values as `width` float32 columns `x0`..`x{width-1}`.
+    """
     rng = np.random.default_rng(seed)
-    schema = pa.schema([("x", pa.list_(pa.float32(), width)), ("label", pa.int64())])
+    if wide:
+        schema = pa.schema([(f"x{j}", pa.float32()) for j in range(width)] + [("label", pa.int64())])
+    else:
+        schema = pa.schema([("x", pa.list_(pa.float32(), width)), ("label", pa.int64())])
     with pq.ParquetWriter(path, schema) as writer:
         for start in range(0, rows, batch_rows):
             n = min(batch_rows, rows - start)
             x = rng.normal(size=(n, width)).astype(np.float32)
-            values = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), width)
-            writer.write_table(pa.table({"x": values, "label": rng.integers(0, 10, size=n)}, schema=schema))
+            label = rng.integers(0, 10, size=n)
+            if wide:
+                columns = {f"x{j}": x[:, j] for j in range(width)}
+            else:
+                columns = {"x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), width)}
+            writer.write_table(pa.table({**columns, "label": label}, schema=schema))
 
 
 def write_npz(path: str, parquet_source: str) -> None:
@@ -160,14 +170,24 @@ def _shard_bytes(output_root: str, manifest) -> list[bytes]:
     return shard_bytes
 
 
-def run(rows: int = 200_000, width: int = 32, quick: bool = False, repeats: int = 3) -> list[dict]:
-    """Every case timed `repeats` times, interleaved (Parquet, NPZ, baseline, writer, raw, ...) so that load from
-    other processes hits them alike; the best time of each counts. One warm-up of each path first, so imports
-    and one-time initialisation (pyarrow's lazy modules, TensorFlow's writer) are timed for neither side.
+def _settled() -> None:
+    """Flush every dirty page before a timed step, so the step does not pay for writeback an earlier one left."""
+    os.sync()
 
-    Conversion runs from two sources of the same rows: Parquet (`x` a fixed-size list column) and NumPy .npz.
-    Reading each source alone, with no conversion, is timed too: it is the part of convert() that depends on
-    the source format, and Parquet's list decoding alone takes longer than the raw write of the output.
+
+def run(rows: int = 2_000_000, width: int = 32, quick: bool = False, repeats: int = 3) -> list[dict]:
+    """Every case timed `repeats` times, interleaved (Parquet, NPZ, writer, raw, ...) so that load from other
+    processes hits them alike; the best time of each counts. One warm-up of each path first, so imports and
+    one-time initialisation (pyarrow's lazy modules, TensorFlow's writer) are timed for neither side. Every
+    timed step starts after `os.sync()`, so none pays for the dirty pages of the one before. The per-row
+    baseline runs once (it takes about 50 s for 2M rows and is tens of times slower than every fast path).
+
+    Conversion runs from three sources of the same values: Parquet with `x` a fixed-size list column, NumPy
+    .npz (`x` a 2-D array), which both give the same shard bytes, and a wide Parquet table (`x0`..`x31`
+    float32 columns, the usual shape of a raw table), whose shards hold 33 scalar features a row and so
+    other (about three times as many) bytes. Reading each source alone, with no conversion, is timed too: it
+    is the part of convert() that depends on the source format, and Parquet's list decoding alone takes
+    longer than the raw write of the output.
     """
     from pipeline_lib import native
     from pipeline_lib.config import DataConfig
@@ -180,13 +200,16 @@ def run(rows: int = 200_000, width: int = 32, quick: bool = False, repeats: int 
         write_source(source, rows, width)
         npz_source = os.path.join(work, "rows.npz")
         write_npz(npz_source, source)
-        data = DataConfig(source=source, label="label", target_shard_mb=8.0)
-        npz_data = DataConfig(source=npz_source, label="label", target_shard_mb=8.0)
+        wide_source = os.path.join(work, "wide.parquet")
+        write_source(wide_source, rows, width, wide=True)
+        sources = {"parquet": source, "npz": npz_source, "wide": wide_source}
+        configs = {name: DataConfig(source=path, label="label", target_shard_mb=8.0) for name, path in sources.items()}
 
         warm = os.path.join(work, "warm.parquet")
         write_source(warm, 2_000, width, seed=2)
         write_npz(os.path.join(work, "warm.npz"), warm)
-        for warm_source in (warm, os.path.join(work, "warm.npz")):
+        write_source(os.path.join(work, "warm-wide.parquet"), 2_000, width, seed=2, wide=True)
+        for warm_source in (warm, os.path.join(work, "warm.npz"), os.path.join(work, "warm-wide.parquet")):
             _convert_seconds(DataConfig(source=warm_source, label="label", target_shard_mb=8.0),
                              os.path.join(work, "warm"))
         table = pq.read_table(source)
@@ -196,34 +219,48 @@ def run(rows: int = 200_000, width: int = 32, quick: bool = False, repeats: int 
         per_row_baseline(x[:2_000], label[:2_000], os.path.join(work, "warm-baseline"), 1)
         fast_write_seconds(x[:2_000], label[:2_000], os.path.join(work, "warm-writer"), 1)
 
-        best = dict.fromkeys(["parquet", "npz", "baseline", "writer", "raw", "cache", "read_parquet", "read_npz"],
-                             float("inf"))
+        best: dict[str, float] = {}
 
         def keep(name: str, seconds: float) -> None:
-            best[name] = min(best[name], seconds)
+            best[name] = min(best.get(name, float("inf")), seconds)
 
+        def timed(name: str, step, *args):
+            _settled()
+            result = step(*args)
+            keep(name, result[0] if isinstance(result, tuple) else result)
+            return result
+
+        def durable_raw(name: str, payloads: list[bytes], attempt: int, durable: bool = True) -> None:
+            out = os.path.join(work, f"{name}{attempt}")
+            timed(name, raw_write_seconds, payloads, out, durable)
+            shutil.rmtree(out, ignore_errors=True)
+
+        manifests = {}
         for attempt in range(repeats):
-            seconds, manifest = _convert_seconds(data, os.path.join(work, "fast"))
-            keep("parquet", seconds)
-            seconds, npz_manifest = _convert_seconds(npz_data, os.path.join(work, "fast-npz"))
-            keep("npz", seconds)
-            num_shards = len(manifest.shards)
-            shard_bytes = _shard_bytes(os.path.join(work, "fast"), manifest)
-            assert shard_bytes == _shard_bytes(os.path.join(work, "fast-npz"), npz_manifest), "sources disagree"
+            for name in ("parquet", "npz", "wide"):
+                manifests[name] = timed(name, _convert_seconds, configs[name], os.path.join(work, name))[1]
+            num_shards = len(manifests["parquet"].shards)
+            shard_bytes = _shard_bytes(os.path.join(work, "parquet"), manifests["parquet"])
+            assert shard_bytes == _shard_bytes(os.path.join(work, "npz"), manifests["npz"]), "sources disagree"
             total_bytes = sum(len(b) for b in shard_bytes)
-            keep("read_parquet", read_seconds(source))
-            keep("read_npz", read_seconds(npz_source))
-            keep("baseline", per_row_baseline(x, label, os.path.join(work, f"baseline{attempt}"), num_shards))
-            shutil.rmtree(os.path.join(work, f"baseline{attempt}"), ignore_errors=True)
-            seconds, writer_bytes = fast_write_seconds(x, label, os.path.join(work, f"writer{attempt}"), num_shards)
-            keep("writer", seconds)
-            shutil.rmtree(os.path.join(work, f"writer{attempt}"), ignore_errors=True)
-            keep("raw", raw_write_seconds(shard_bytes, os.path.join(work, f"raw{attempt}")))
-            shutil.rmtree(os.path.join(work, f"raw{attempt}"), ignore_errors=True)
-            keep("cache", raw_write_seconds(shard_bytes, os.path.join(work, f"cache{attempt}"), False))
-            shutil.rmtree(os.path.join(work, f"cache{attempt}"), ignore_errors=True)
+            for name, path in sources.items():
+                timed(f"read_{name}", read_seconds, path)
+            if attempt == 0:
+                out = os.path.join(work, "baseline")
+                timed("baseline", per_row_baseline, x, label, out, num_shards)
+                shutil.rmtree(out, ignore_errors=True)
+            out = os.path.join(work, f"writer{attempt}")
+            writer_bytes = timed("writer", fast_write_seconds, x, label, out, num_shards)[1]
+            shutil.rmtree(out, ignore_errors=True)
+            durable_raw("raw", shard_bytes, attempt)
+            durable_raw("cache", shard_bytes, attempt, durable=False)
             del shard_bytes
+            wide_bytes = _shard_bytes(os.path.join(work, "wide"), manifests["wide"])
+            wide_total = sum(len(b) for b in wide_bytes)
+            durable_raw("raw_wide", wide_bytes, attempt)
+            del wide_bytes
         del x, label
+        _settled()
 
         def mb_s(name: str, size: int = total_bytes) -> float:
             return size / best[name] / 1e6
@@ -249,16 +286,21 @@ def run(rows: int = 200_000, width: int = 32, quick: bool = False, repeats: int 
               "memory -> open().write() + fsync to new files]")
         print(f"  (page-cache copy of the same bytes, no fsync: {best['cache']:.3f}s = {mb_s('cache'):.0f} MB/s; that "
               f"is memory bandwidth, not storage: convert() from .npz is {mb_s('npz') / mb_s('cache'):.2f}x of it)")
+        print(f"  wide Parquet table ({width} float32 columns + label -> {len(manifests['wide'].shards)} shards, "
+              f"{wide_total / 1e6:.1f} MB): convert() {best['wide']:.3f}s = {mb_s('wide', wide_total):.1f} MB/s, "
+              f"reading it alone {best['read_wide']:.3f}s, raw write of its shard bytes {best['raw_wide']:.3f}s = "
+              f"{mb_s('raw_wide', wide_total):.1f} MB/s")
 
-        big_rows = rows * 10
-        big = os.path.join(work, "rows10.parquet")
-        write_source(big, big_rows, width, seed=1)
-        small_rss, _ = peak_memory_mb(source, os.path.join(work, "mem1"))
+        # Peak memory as the input grows 10x: a tenth of the rows, then the whole source above.
+        small_rows = rows // 10
+        small = os.path.join(work, "rows-tenth.parquet")
+        write_source(small, small_rows, width, seed=1)
+        small_rss, _ = peak_memory_mb(small, os.path.join(work, "mem1"))
         shutil.rmtree(os.path.join(work, "mem1"), ignore_errors=True)
-        big_rss, converted = peak_memory_mb(big, os.path.join(work, "mem10"))
-        assert converted == big_rows
-        print(f"  peak RSS of a fresh convert() process: {small_rss:.0f} MB for {rows} rows, {big_rss:.0f} MB for "
-              f"{big_rows} rows (input {os.path.getsize(source) / 1e6:.0f} MB vs {os.path.getsize(big) / 1e6:.0f} MB)")
+        big_rss, converted = peak_memory_mb(source, os.path.join(work, "mem10"))
+        assert converted == rows
+        print(f"  peak RSS of a fresh convert() process: {small_rss:.0f} MB for {small_rows} rows, {big_rss:.0f} MB "
+              f"for {rows} rows (input {os.path.getsize(small) / 1e6:.0f} MB vs {os.path.getsize(source) / 1e6:.0f} MB)")
         return [
             case("conversion vs per-row tf.train.Example loop (rows/s)", fast_rows, base_rows, 10.0),
             case("conversion bulk writer vs per-row loop (rows/s)", writer_rows, base_rows, 10.0),
@@ -266,6 +308,8 @@ def run(rows: int = 200_000, width: int = 32, quick: bool = False, repeats: int 
                  mb_s("raw"), 0.5),
             case("conversion end to end vs raw durable write bandwidth (MB/s)", mb_s("parquet"), mb_s("raw"), 0.5),
             case("conversion end to end from .npz vs raw durable write (MB/s)", mb_s("npz"), mb_s("raw"), 0.5),
+            case("conversion from wide Parquet vs raw durable write (MB/s)", mb_s("wide", wide_total),
+                 mb_s("raw_wide", wide_total), 0.5),
             # Lower is better: ratio = RSS at 1x / RSS at 10x; ≥ 0.67 means under 1.5x growth for 10x the input.
             case("conversion peak RSS at 10x input vs 1x (MB)", big_rss, small_rss, 0.67, higher_is_better=False),
         ]
@@ -275,7 +319,7 @@ def run(rows: int = 200_000, width: int = 32, quick: bool = False, repeats: int 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_conversion", description=__doc__)
-    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--width", type=int, default=32)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of every case (best counts)")

@@ -43,6 +43,7 @@ from pipeline_lib.manifest import (
     DType,
     FeatureSpec,
     Manifest,
+    RecordLayout,
     Schema,
     ShardInfo,
     SourceFile,
@@ -787,7 +788,7 @@ def _coerce_numpy(raw: np.ndarray, ctype: _ColumnType) -> _Column:
         mark(np.arange(num_rows), f"cannot be converted to {ctype.dtype.value} (dtype {raw.dtype})")
         return mark.column(np.zeros((num_rows, *ctype.shape), np.float32))
     if ctype.dtype == DType.FLOAT32:
-        return mark.column(raw.astype(np.float32))
+        return mark.column(raw.astype(np.float32, copy=False))
     if raw.dtype.kind == "f":
         axes = tuple(range(1, raw.ndim))
         integral = np.isfinite(raw) & (raw == np.round(raw)) & (np.abs(raw) < 2.0**63)
@@ -1036,6 +1037,12 @@ class _Stats:
     num_bad: int = 0
     samples: list[str] = field(default_factory=list)
     label_max: int | None = None  # integer labels: the largest seen
+    layouts: set = field(default_factory=set)  # each chunk's encoding.record_layout (None: rows of varying shape)
+
+    @property
+    def record_layout(self) -> RecordLayout | None:
+        """The byte layout of every record written, if all chunks had the same one."""
+        return next(iter(self.layouts)) if len(self.layouts) == 1 else None
 
 
 def _select_columns(data: DataConfig, uri: str, available: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -1308,8 +1315,9 @@ def _convert_chunk(chunk: _RawChunk, fmt: DataFormat, data: DataConfig, features
     # Encoded eval rows first, then train rows (each in source order): the split costs no copy of the records.
     eval_rows = np.flatnonzero(to_eval)
     order = np.concatenate([eval_rows, np.flatnonzero(~to_eval)])
-    batch = encoding.encode_tfrecords({**{name: values[name] for name in features}, data.label: encoded_label},
-                                      order=order)
+    encoded = {**{name: values[name] for name in features}, data.label: encoded_label}
+    stats.layouts.add(encoding.record_layout(encoded))
+    batch = encoding.encode_tfrecords(encoded, order=order)
     num_eval = len(eval_rows)
     writes.submit(shards, batch, num_eval)
     stats.num_rows["eval"] += num_eval
@@ -1424,6 +1432,7 @@ def _publish(out_fs, dataset_path: str, dataset_uri: str, staged: list[_StagedSh
         compression=compression,
         num_bad_records=stats.num_bad,
         created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        record_layout=stats.record_layout,
     )
     storage.write_bytes_atomic(out_fs, join(dataset_path, MANIFEST_NAME), manifest.to_json().encode())
     return manifest

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline_lib import native
+from pipeline_lib.manifest import FieldLayout, RecordLayout
 
 ColumnLike = np.ndarray | pa.Array | pa.ChunkedArray | Sequence[Any]
 
@@ -226,6 +227,55 @@ def _example_pieces(columns: Mapping[str, ColumnLike], num_rows: int) -> list[_P
         entries += entry
     example = _length_prefixed(entries, num_rows, 0x0A)  # Example.features
     return example
+
+
+def _delimited(body: int) -> int:
+    """Bytes of a length-delimited field's tag and length, for a body of `body` bytes."""
+    return 1 + _varint_len_scalar(body)
+
+
+def record_layout(columns: Mapping[str, ColumnLike]) -> RecordLayout | None:
+    """The byte layout every Example that `encode_examples(columns)` writes shares, or None if they differ.
+
+    Rows have one layout when every column is numeric and each int64 column's varints have one length on
+    every row (values 0 ≤ v < 2^63; a negative int64 takes 10 bytes and is left to the parser). Offsets are
+    computed from the same field structure the encoder writes (see the module docstring); the tests check
+    them against encoded records.
+    """
+    if not columns or _num_rows(columns) == 0:
+        return None
+    entries: list[tuple[str, int, int, int]] = []  # name, payload offset after the Example's head, count, varint
+    position = 0
+    for name, values in columns.items():
+        if not isinstance(values, np.ndarray) or values.dtype.kind not in "fiub" or values.ndim not in (1, 2):
+            return None
+        count = 1 if values.ndim == 1 else values.shape[1]
+        if count < 1:
+            return None
+        if values.dtype.kind == "f":
+            varint_bytes, payload = 0, 4 * count
+        else:
+            as_int = values.astype(np.int64, copy=False) if values.dtype.kind != "u" else values.astype(np.uint64)
+            words = as_int.reshape(-1).view(np.uint64)
+            if not len(words):
+                return None
+            varint_bytes = _varint_len_scalar(int(words.max()))
+            if varint_bytes > 9 or _varint_len_scalar(int(words.min())) != varint_bytes:
+                return None
+            payload = varint_bytes * count
+        key = len(name.encode("utf-8"))
+        packed = _delimited(payload) + payload  # FloatList / Int64List { 1: packed values }
+        feature = _delimited(packed) + packed  # Feature { 2: FloatList | 3: Int64List }
+        body = _delimited(key) + key + _delimited(feature) + feature  # map entry { 1: key, 2: Feature }
+        before = _delimited(body) + _delimited(key) + key + _delimited(feature) + _delimited(packed) + _delimited(payload)
+        entries.append((name, position + before, count, varint_bytes))
+        position += _delimited(body) + body
+    head = _delimited(position)  # Example { 1: Features { the entries } }
+    return RecordLayout(
+        record_bytes=head + position,
+        fields=tuple(FieldLayout(name=name, offset=head + offset, count=count, varint_bytes=varint_bytes)
+                     for name, offset, count, varint_bytes in entries),
+    )
 
 
 def _num_rows(columns: Mapping[str, ColumnLike]) -> int:

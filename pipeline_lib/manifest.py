@@ -62,6 +62,25 @@ class ShardInfo(_Frozen):
     sha256: str
 
 
+class FieldLayout(_Frozen):
+    """Where one feature's values sit inside every serialized Example of a fixed-layout dataset."""
+
+    name: str
+    offset: int  # first byte of the packed values, from the start of the Example
+    count: int  # values per record (1 for a scalar)
+    varint_bytes: int = 0  # int64: bytes of each value's varint (all the same); 0 for float32 (4-byte floats)
+
+
+class RecordLayout(_Frozen):
+    """The one byte layout every record of the dataset has, when conversion wrote only fixed-width rows
+    (numbers only, each int64 column's varints the same length on every row): readers may take the values
+    at these offsets instead of parsing each Example. Absent when any record differs.
+    """
+
+    record_bytes: int
+    fields: tuple[FieldLayout, ...]
+
+
 class Manifest(_Frozen):
     """Written last, after every shard: its presence means the shard set is complete."""
 
@@ -73,6 +92,7 @@ class Manifest(_Frozen):
     compression: str = "none"  # "none" or "gzip"
     num_bad_records: int = 0
     created_at: str = ""
+    record_layout: RecordLayout | None = None
 
     def shards_for(self, split: str) -> tuple[ShardInfo, ...]:
         return tuple(s for s in self.shards if s.split == split)

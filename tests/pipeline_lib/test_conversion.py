@@ -416,3 +416,26 @@ def test_bad_rows_in_jsonl_and_parquet(tmp_path):
     manifest = conversion.convert(DataConfig(source=str(tmp_path / "p.parquet"), label="y", on_bad_record="skip"),
                                   str(tmp_path / "o"))
     assert manifest.num_bad_records == 2  # the null and the negative class label
+
+
+def _npz_manifest(tmp_path, name: str, **arrays):
+    np.savez(tmp_path / f"{name}.npz", **arrays)
+    return conversion.convert(DataConfig(source=str(tmp_path / f"{name}.npz"), label="label", read_chunk_rows=50),
+                              str(tmp_path / name))
+
+
+def test_the_manifest_records_the_byte_layout_only_when_every_record_has_it(tmp_path):
+    n = 200
+    x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+    fixed = _npz_manifest(tmp_path, "fixed", x=x, label=np.arange(n) % 4)
+    layout = fixed.record_layout
+    assert layout is not None and [(f.name, f.count, f.varint_bytes) for f in layout.fields] == [("x", 3, 0), ("label", 1, 1)]
+    for shard in fixed.shards:
+        for record in tf.data.TFRecordDataset(fixed.shard_uri(shard)):
+            assert len(record.numpy()) == layout.record_bytes
+    # Labels up to 127 in the first chunks and up to 199 after: two varint lengths, so no single layout.
+    mixed = _npz_manifest(tmp_path, "mixed", x=x, label=np.arange(n))
+    assert mixed.record_layout is None
+    assert sorted(_read_all(mixed)["label"].tolist()) == list(range(n))
+    with_strings = _npz_manifest(tmp_path, "strings", x=x, s=np.array([f"s{i}" for i in range(n)]), label=np.arange(n) % 4)
+    assert with_strings.record_layout is None

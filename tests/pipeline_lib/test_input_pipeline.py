@@ -138,3 +138,81 @@ def test_parse_batch_size_is_a_multiple_of_the_batch():
     assert input_pipeline.parse_batch_size(32) == max(32, rows) and rows % 32 == 0
     assert input_pipeline.parse_batch_size(300) == 300 * -(-rows // 300)
     assert input_pipeline.parse_batch_size(4 * rows) == 4 * rows
+
+
+def _converted(tmp_path, name: str, *, ints: bool, task: str = "classification", num_rows: int = 600):
+    """A numeric dataset written by conversion (so its manifest records the byte layout) from a NumPy .npz."""
+    from pipeline_lib import conversion
+    from pipeline_lib.config import DataConfig
+
+    rng = np.random.default_rng(7)
+    arrays = {"x": rng.normal(size=(num_rows, 4)).astype(np.float32), "f": rng.normal(size=num_rows).astype(np.float32)}
+    if ints:
+        arrays["size"] = rng.integers(0, 5, size=num_rows)  # one-byte varints
+        arrays["big"] = rng.integers(1 << 14, 1 << 21, size=num_rows)  # three-byte varints
+    arrays["label"] = (rng.integers(0, 3, size=num_rows) if task == "classification"
+                       else rng.normal(size=num_rows).astype(np.float32))
+    source = tmp_path / f"{name}.npz"
+    np.savez(source, **arrays)
+    return conversion.convert(DataConfig(source=str(source), label="label", read_chunk_rows=128),
+                              str(tmp_path / name))
+
+
+def _numeric_batches(dataset):
+    return [(inputs["numeric"].numpy(), labels.numpy()) for inputs, labels in dataset]
+
+
+@pytest.mark.parametrize("ints,task", [(False, "classification"), (True, "classification"), (True, "regression")])
+@pytest.mark.parametrize("batch_size,options", [
+    (32, {}),
+    (7, {"shuffle": True, "seed": 3, "skip_batches": 5, "drop_remainder": True}),
+    (10, {"shard": (2, 1)}),
+])
+def test_the_record_layout_gives_the_batches_parsing_gives(tmp_path, ints, task, batch_size, options):
+    manifest = _converted(tmp_path, "data", ints=ints, task=task)
+    assert manifest.record_layout is not None
+    parsed = manifest.model_copy(update={"record_layout": None})
+    assert input_pipeline.make_layout_inputs_fn(parsed.feature_schema, parsed.record_layout) is None
+    got = _numeric_batches(input_pipeline.create_dataset(manifest, "train", batch_size, shuffle_buffer=64, **options))
+    expected = _numeric_batches(input_pipeline.create_dataset(parsed, "train", batch_size, shuffle_buffer=64,
+                                                              **options))
+    assert len(got) == len(expected) > 0
+    for (numeric, labels), (numeric_ref, labels_ref) in zip(got, expected):
+        assert numeric.dtype == numeric_ref.dtype and labels.dtype == labels_ref.dtype
+        np.testing.assert_array_equal(numeric, numeric_ref)
+        np.testing.assert_array_equal(labels, labels_ref)
+
+
+def test_layout_parse_equals_parse_example_for_every_feature(tmp_path):
+    manifest = _converted(tmp_path, "data", ints=True)
+    schema = manifest.feature_schema
+    records = next(iter(tf.data.TFRecordDataset(input_pipeline.shard_uris(manifest, "train")).batch(1000)))
+    got = input_pipeline.make_layout_parse_fn(schema, manifest.record_layout)(records)
+    expected = tf.io.parse_example(records, input_pipeline.feature_description(schema))
+    assert set(got) == set(expected) == {"x", "f", "size", "big", "label"}
+    for name, values in expected.items():
+        assert got[name].dtype == values.dtype and got[name].shape == values.shape, name
+        np.testing.assert_array_equal(got[name].numpy(), values.numpy())
+
+
+def test_records_that_do_not_have_the_layout_fail_with_the_fix(tmp_path):
+    manifest = _converted(tmp_path, "data", ints=False)
+    layout = manifest.record_layout
+    wrong = manifest.model_copy(update={"record_layout": layout.model_copy(update={"record_bytes": layout.record_bytes + 1})})
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"not {layout.record_bytes + 1} bytes long.*convert the source again"):
+        next(iter(input_pipeline.create_dataset(wrong, "train", 8)))
+
+
+def test_a_layout_that_does_not_fit_the_schema_is_not_used(tmp_path):
+    manifest = _converted(tmp_path, "data", ints=True)
+    schema, layout = manifest.feature_schema, manifest.record_layout
+    fields = {f.name: f for f in layout.fields}
+    renamed = layout.model_copy(update={"fields": tuple(f.model_copy(update={"name": f.name + "_"}) for f in layout.fields)})
+    as_float = layout.model_copy(update={"fields": tuple(
+        f.model_copy(update={"varint_bytes": 0}) if f.name == "size" else f for f in layout.fields)})
+    shorter = layout.model_copy(update={"fields": tuple(
+        f.model_copy(update={"count": 3}) if f.name == "x" else f for f in layout.fields)})
+    assert fields["size"].varint_bytes == 1 and fields["big"].varint_bytes == 3
+    for bad in (renamed, as_float, shorter):
+        assert input_pipeline.make_layout_parse_fn(schema, bad) is None
+    assert input_pipeline.make_layout_parse_fn(schema, layout) is not None
