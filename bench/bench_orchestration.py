@@ -23,7 +23,7 @@ import time
 
 from bench import case
 
-FULL_STEPS = 27000
+FULL_STEPS = 45000
 QUICK_STEPS = 800
 
 

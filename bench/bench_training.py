@@ -222,8 +222,8 @@ def run(rows: int = 200_000, width: int = 32, quick: bool = False) -> list[dict]
     repeats = 1 if quick else 2
     cases = []
     with tempfile.TemporaryDirectory() as directory:
-        _write_records(os.path.join(directory, "part.tfrecord"), rows, width, NUM_CLASSES)
-        manifest = _manifest(directory, width, rows, NUM_CLASSES)
+        layout = _write_records(os.path.join(directory, "part.tfrecord"), rows, width, NUM_CLASSES)
+        manifest = _manifest(directory, width, rows, layout, NUM_CLASSES)
 
         # (a) custom loop vs model.fit: the default MLP (128, 64), two epochs, at two trainer batch sizes.
         hidden = [128, 64]
