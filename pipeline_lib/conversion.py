@@ -467,7 +467,13 @@ class _NpzReader:
                         columns[name] = obj[start : start + rows]
                         continue
                     per_row = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
-                    raw = obj.read(rows * per_row * dtype.itemsize)
+                    try:
+                        raw = obj.read(rows * per_row * dtype.itemsize)
+                    except zipfile.BadZipFile as error:  # the member's CRC-32, checked as np.load does
+                        raise ConversionError(
+                            f"{self.source.uri} array {name!r} is damaged: {error}; copy or save the file again "
+                            "(nothing was written)"
+                        ) from None
                     columns[name] = np.frombuffer(raw, dtype=dtype).reshape((rows, *shape[1:]))
                 first = start + 1
                 yield _RawChunk(uri=self.source.uri, unit="row", columns=columns, num_rows=rows,

@@ -439,3 +439,15 @@ def test_the_manifest_records_the_byte_layout_only_when_every_record_has_it(tmp_
     assert sorted(_read_all(mixed)["label"].tolist()) == list(range(n))
     with_strings = _npz_manifest(tmp_path, "strings", x=x, s=np.array([f"s{i}" for i in range(n)]), label=np.arange(n) % 4)
     assert with_strings.record_layout is None
+
+
+def test_a_damaged_npz_member_fails_its_crc_and_writes_nothing(tmp_path):
+    path = tmp_path / "d.npz"
+    np.savez(path, x=np.arange(4000, dtype=np.float32).reshape(1000, 4), label=np.arange(1000) % 3)
+    damaged = bytearray(path.read_bytes())
+    damaged[2000] ^= 0xFF  # inside the values of x.npy, past its header
+    path.write_bytes(bytes(damaged))
+    out = tmp_path / "out"
+    with pytest.raises(conversion.ConversionError, match=r"d\.npz array 'x' is damaged: Bad CRC-32.*save the file again"):
+        conversion.convert(DataConfig(source=str(path), label="label", read_chunk_rows=100), str(out))
+    assert not (out / "data").exists() or not any((out / "data").rglob("*.tfrecord*"))
