@@ -1043,7 +1043,7 @@ class _Stats:
     num_bad: int = 0
     samples: list[str] = field(default_factory=list)
     label_max: int | None = None  # integer labels: the largest seen
-    layouts: set = field(default_factory=set)  # each chunk's encoding.record_layout (None: rows of varying shape)
+    layouts: set[RecordLayout | None] = field(default_factory=set)  # each chunk's encoding.record_layout (None: rows of varying shape)
 
     @property
     def record_layout(self) -> RecordLayout | None:

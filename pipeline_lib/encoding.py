@@ -179,6 +179,12 @@ def _string_column(values: ColumnLike) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return data, offsets[:-1], np.diff(offsets)
 
 
+def _varint_words(array: np.ndarray) -> np.ndarray:
+    """An int, uint or bool array's values as the uint64 words their varints encode (two's complement for int)."""
+    as_int = array.astype(np.int64, copy=False) if array.dtype.kind != "u" else array.astype(np.uint64)
+    return as_int.reshape(-1).view(np.uint64)
+
+
 def _column_pieces(name: str, values: ColumnLike, num_rows: int) -> list[_Piece]:
     """The map entry `{1: name, 2: Feature}` of one column on every row, without the entry's own tag."""
     key = name.encode("utf-8")
@@ -202,8 +208,7 @@ def _column_pieces(name: str, values: ColumnLike, num_rows: int) -> list[_Piece]
             packed = [_const(b"\x0a" + _varint_bytes(4 * width), num_rows), _Piece(fixed=floats.view(_U8))]
             feature_pieces = _length_prefixed(packed, num_rows, 0x12)  # Feature.float_list
         elif array.dtype.kind in "iub":
-            as_int = array.astype(np.int64, copy=False) if array.dtype.kind != "u" else array.astype(np.uint64)
-            varints = _varints(as_int.reshape(-1).view(np.uint64))
+            varints = _varints(_varint_words(array))
             if width > 1:
                 # Regroup the per-value varints into one ragged payload per row.
                 if varints.fixed is not None:
@@ -255,10 +260,7 @@ def record_layout(columns: Mapping[str, ColumnLike]) -> RecordLayout | None:
         if values.dtype.kind == "f":
             varint_bytes, payload = 0, 4 * count
         else:
-            as_int = values.astype(np.int64, copy=False) if values.dtype.kind != "u" else values.astype(np.uint64)
-            words = as_int.reshape(-1).view(np.uint64)
-            if not len(words):
-                return None
+            words = _varint_words(values)
             varint_bytes = _varint_len_scalar(int(words.max()))
             if varint_bytes > 9 or _varint_len_scalar(int(words.min())) != varint_bytes:
                 return None

@@ -87,23 +87,21 @@ def make_parse_fn(schema: Schema, is_classification: bool | None = None):
 
 
 def _layout_fields(schema: Schema, layout: RecordLayout | None):
-    """{name: (FieldLayout, FixedLenFeature)} when `layout` can stand in for parsing `schema`, else None."""
+    """{name: (FieldLayout, FeatureSpec)} for every feature and the label, when `layout` can stand in for parsing
+    `schema` (numbers only, names and value counts alike, a little-endian host); else None."""
     if layout is None or sys.byteorder != "little":
         return None
-    description = feature_description(schema)
     fields = {f.name: f for f in layout.fields}
-    if set(fields) != set(description):
+    specs = {spec.name: spec for spec in (*schema.features, schema.label)}
+    if set(fields) != set(specs):
         return None
-    for name, spec in description.items():
+    for name, spec in specs.items():
         field = fields[name]
-        size = 1
-        for dim in spec.shape:
-            size *= int(dim)
-        if spec.dtype not in (tf.float32, tf.int64) or field.count != size:
+        if spec.dtype == DType.STRING or field.count != _size(spec) or field.varint_bytes > 9:
             return None
-        if (spec.dtype == tf.float32) != (field.varint_bytes == 0) or field.varint_bytes > 9:
+        if (spec.dtype == DType.FLOAT32) != (field.varint_bytes == 0):
             return None
-    return {name: (fields[name], spec) for name, spec in description.items()}
+    return {name: (fields[name], spec) for name, spec in specs.items()}
 
 
 def _record_matrix(serialized: tf.Tensor, record_bytes: int) -> tf.Tensor:
@@ -116,7 +114,7 @@ def _record_matrix(serialized: tf.Tensor, record_bytes: int) -> tf.Tensor:
         return tf.io.decode_raw(serialized, tf.uint8, fixed_length=record_bytes)
 
 
-def _field_values(matrix: tf.Tensor, field, spec: tf.io.FixedLenFeature) -> tf.Tensor:
+def _field_values(matrix: tf.Tensor, field, spec: FeatureSpec) -> tf.Tensor:
     """One feature's values out of the record matrix, shaped as parse_example gives them."""
     if field.varint_bytes == 0:  # little-endian float32s
         piece = matrix[:, field.offset : field.offset + 4 * field.count]
@@ -133,6 +131,14 @@ def _field_values(matrix: tf.Tensor, field, spec: tf.io.FixedLenFeature) -> tf.T
     return tf.reshape(values, [-1, *spec.shape])
 
 
+def _layout_parse(fields, record_bytes: int):
+    def parse(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
+        matrix = _record_matrix(serialized, record_bytes)
+        return {name: _field_values(matrix, field, spec) for name, (field, spec) in fields.items()}
+
+    return parse
+
+
 def make_layout_parse_fn(schema: Schema, layout: RecordLayout | None):
     """Like `tf.io.parse_example` with `feature_description(schema)`, for records of one fixed byte layout.
 
@@ -144,14 +150,7 @@ def make_layout_parse_fn(schema: Schema, layout: RecordLayout | None):
     is not little-endian.
     """
     fields = _layout_fields(schema, layout)
-    if fields is None:
-        return None
-
-    def parse(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
-        matrix = _record_matrix(serialized, layout.record_bytes)
-        return {name: _field_values(matrix, field, spec) for name, (field, spec) in fields.items()}
-
-    return parse
+    return None if fields is None else _layout_parse(fields, layout.record_bytes)
 
 
 def make_layout_inputs_fn(schema: Schema, layout: RecordLayout | None, is_classification: bool | None = None):
@@ -161,14 +160,13 @@ def make_layout_inputs_fn(schema: Schema, layout: RecordLayout | None, is_classi
     bytes and one bitcast, instead of a slice per feature and a stack: protobuf parsing, which this replaces,
     was about half the CPU of the input pipeline on 33 scalar features.
     """
-    parse = make_layout_parse_fn(schema, layout)
-    if parse is None:
-        return None
-    to_inputs = make_inputs_fn(schema, is_classification)
-    numeric = numeric_features(schema)
-    if not numeric or string_features(schema) or any(spec.dtype != DType.FLOAT32 for spec in numeric):
-        return lambda serialized: to_inputs(parse(serialized))
     fields = _layout_fields(schema, layout)
+    if fields is None:
+        return None
+    numeric = numeric_features(schema)
+    if not numeric or any(spec.dtype != DType.FLOAT32 for spec in numeric):
+        parse, to_inputs = _layout_parse(fields, layout.record_bytes), make_inputs_fn(schema, is_classification)
+        return lambda serialized: to_inputs(parse(serialized))
     placed = [fields[spec.name][0] for spec in numeric]
     byte_index = tf.constant([f.offset + i for f in placed for i in range(4 * f.count)], tf.int32)
     width = sum(f.count for f in placed)
@@ -279,7 +277,7 @@ def create_dataset(
     and prefetched. The batches are exactly those of `unbatch().batch(batch_size)` over the record stream,
     so the parse batch size never changes what a step sees. With a fixed `seed` the order is the same on
     every run. Parsing takes the values at the byte offsets of the manifest's `record_layout` when it has one
-    (`make_layout_parse_fn`), and otherwise runs the fused ParseExampleDataset op; both give the same tensors.
+    (`make_layout_inputs_fn`), and otherwise runs the fused ParseExampleDataset op; both give the same tensors.
 
     Args:
         manifest: the dataset manifest.
