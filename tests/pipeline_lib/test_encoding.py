@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import gzip
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -264,3 +267,118 @@ def test_record_layout_places_every_value_where_the_encoder_wrote_it():
 ])
 def test_rows_without_one_layout_have_none(columns):
     assert encoding.record_layout(columns) is None
+
+
+# --- durable files written with O_DIRECT -----------------------------------------------------------------------
+
+_BLOCK, _ALIGN = encoding._DIRECT_BLOCK, encoding._DIRECT_ALIGN
+needs_o_direct = pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="O_DIRECT is Linux-only")
+
+
+def _write_in_pieces(target, payload: bytes, seed: int) -> None:
+    """Write `payload` in random-sized pieces (some bigger than a block, some a few bytes)."""
+    rng = np.random.default_rng(seed)
+    view, start = memoryview(payload), 0
+    while start < len(payload):
+        step = int(rng.choice([1, 7, _ALIGN - 1, _ALIGN + 3, _BLOCK // 3, _BLOCK + 11]))
+        target.write(view[start:start + step])
+        start += step
+
+
+@needs_o_direct
+@pytest.mark.parametrize("size", [0, 1, _ALIGN - 1, _ALIGN, _ALIGN + 1, _BLOCK - 1, _BLOCK, 2 * _BLOCK + 4099])
+def test_direct_file_holds_exactly_the_bytes_written_for_any_length(tmp_path, size):
+    """Blocks go out whole and aligned; the padded tail is cut off again, so the file is the bytes, no more."""
+    payload = np.random.default_rng(size).integers(0, 256, size=size, dtype=np.uint8).tobytes()
+    path = tmp_path / "direct.bin"
+    target = encoding._DirectFile(str(path))
+    assert target.direct, "this file system takes O_DIRECT, so the direct path is the one under test"
+    _write_in_pieces(target, payload, seed=size)
+    assert target.size == size
+    target.close()
+    assert path.read_bytes() == payload
+
+
+@needs_o_direct
+def test_a_reused_block_buffer_leaves_nothing_of_the_previous_file(tmp_path):
+    """Buffers go back to a pool on close: a short file written after a long one must not carry its bytes."""
+    long_payload = b"\xff" * (_BLOCK + 3 * _ALIGN + 17)
+    first = encoding._DirectFile(str(tmp_path / "long.bin"))
+    first.write(long_payload)
+    first.close()
+    short = encoding._DirectFile(str(tmp_path / "short.bin"))
+    short.write(b"abc")
+    short.close()
+    assert (tmp_path / "short.bin").read_bytes() == b"abc"
+    assert (tmp_path / "long.bin").read_bytes() == long_payload
+
+
+@needs_o_direct
+def test_durable_writer_writes_direct_and_its_sha256_matches_the_file(tmp_path):
+    import hashlib
+
+    framed = encoding.encode_tfrecords({"x": np.random.default_rng(8).normal(size=(70_000, 16)).astype(np.float32)})
+    assert framed.num_bytes() > _BLOCK
+    path = tmp_path / "durable.tfrecord"
+    writer = encoding.TFRecordFileWriter(str(path), durable=True)
+    assert isinstance(writer._file, encoding._DirectFile) and writer._file.direct
+    writer.write(framed, 0, 5)
+    writer.write(framed, 5)
+    num_records, num_bytes, digest = writer.close()
+    content = path.read_bytes()
+    assert content == framed.view().tobytes()
+    assert (num_records, num_bytes, digest) == (70_000, len(content), hashlib.sha256(content).hexdigest())
+    plain = encoding.TFRecordFileWriter(str(tmp_path / "plain.tfrecord"), durable=True, direct=False)
+    assert not isinstance(plain._file, encoding._DirectFile)
+    plain.write(framed)
+    assert plain.close() == (num_records, num_bytes, digest)
+
+
+@needs_o_direct
+def test_direct_file_falls_back_to_plain_writes_where_open_refuses_o_direct(tmp_path, monkeypatch):
+    real_open = os.open
+
+    def refusing_open(path, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument", path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(encoding.os, "open", refusing_open)
+    payload = bytes(range(256)) * (_BLOCK // 256 + 37)
+    target = encoding._DirectFile(str(tmp_path / "plain.bin"))
+    assert not target.direct
+    _write_in_pieces(target, payload, seed=1)
+    target.close()
+    assert (tmp_path / "plain.bin").read_bytes() == payload
+
+
+@needs_o_direct
+def test_direct_file_carries_on_with_plain_writes_where_a_direct_write_is_refused(tmp_path, monkeypatch):
+    """Some file systems accept O_DIRECT at open and refuse the write: the file continues through the page cache."""
+    real_write, refused = os.write, []
+
+    def refusing_write(fd, data):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(len(data))
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(encoding.os, "write", refusing_write)
+    payload = bytes(range(251)) * (3 * _BLOCK // 251)
+    target = encoding._DirectFile(str(tmp_path / "refused.bin"))
+    assert target.direct
+    _write_in_pieces(target, payload, seed=2)
+    assert not target.direct and refused == [_BLOCK]
+    target.close()
+    assert (tmp_path / "refused.bin").read_bytes() == payload
+
+
+@needs_o_direct
+def test_direct_file_raises_other_open_errors_and_aborts_without_writing_the_tail(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        encoding._DirectFile(str(tmp_path / "missing-dir" / "x.bin"))
+    target = encoding._DirectFile(str(tmp_path / "aborted.bin"))
+    target.write(b"x" * (_BLOCK + 10))
+    target.abort()
+    target.abort()  # a second abort is a no-op
+    assert (tmp_path / "aborted.bin").stat().st_size == _BLOCK  # the whole block went out, the tail did not

@@ -148,7 +148,10 @@ def test_local_shards_and_their_directories_are_fsynced_before_the_manifest(tmp_
 
 
 def test_durable_writes_hand_each_large_block_to_the_device_as_it_is_written(built, tmp_path, monkeypatch):
-    """start_writeback (sync_file_range) is a hint: the test checks it is asked for exactly the blocks written."""
+    """start_writeback (sync_file_range) is a hint: the test checks it is asked for exactly the blocks written.
+
+    It is the plain (direct=False) durable path: durable files are written with O_DIRECT by default.
+    """
     calls = []
     real = built.start_writeback
 
@@ -163,7 +166,7 @@ def test_durable_writes_hand_each_large_block_to_the_device_as_it_is_written(bui
     for durable in (True, False):
         calls.clear()
         path = tmp_path / f"durable-{durable}.tfrecord"
-        writer = encoding.TFRecordFileWriter(str(path), durable=durable)
+        writer = encoding.TFRecordFileWriter(str(path), durable=durable, direct=False)
         writer.write(framed, 0, 3)  # small: no hint
         writer.write(framed, 3, cut)
         writer.write(framed, cut)
