@@ -262,12 +262,12 @@ def create_dataset(
     *,
     files: Sequence[str] | None = None,
     shuffle: bool = False,
-    seed: int = 0,
+    seed: int | tf.Tensor = 0,
     shuffle_buffer: int = 10000,
     shard: tuple[int, int] | None = None,
     repeat: bool = False,
     drop_remainder: bool = False,
-    skip_batches: int = 0,
+    skip_batches: int | tf.Tensor = 0,
     is_classification: bool | None = None,
 ) -> tf.data.Dataset:
     """Read a split's TFRecord shards into batches of `(inputs, labels)`.
@@ -285,12 +285,12 @@ def create_dataset(
         batch_size: records per batch.
         files: manifest-relative shard paths to read; default every shard of the split.
         shuffle: shuffle records with a `shuffle_buffer`-record buffer seeded by `seed`.
-        seed: the shuffle seed.
+        seed: the shuffle seed (an int, or an int64 scalar tensor where the dataset is built in a traced function).
         shuffle_buffer: records held by the shuffle buffer.
         shard: `(num_shards, index)`: keep every num_shards-th record starting at index (DATA autosharding).
         repeat: repeat forever (each pass reshuffled, deterministically from `seed`).
         drop_remainder: drop a last, smaller batch.
-        skip_batches: batches to skip at the start (resuming within an epoch).
+        skip_batches: batches to skip at the start (resuming within an epoch); an int or an int64 scalar tensor.
         is_classification: the label type; default inferred from the schema (num_classes or vocabulary set).
 
     Returns:
@@ -306,7 +306,7 @@ def create_dataset(
         num_shards, index = shard
         if num_shards < 1 or not 0 <= index < num_shards:
             raise ValueError(f"shard {shard} must be (num_shards ≥ 1, 0 ≤ index < num_shards)")
-    if skip_batches < 0:
+    if isinstance(skip_batches, int) and skip_batches < 0:
         raise ValueError(f"skip_batches ({skip_batches}) must be ≥ 0")
     uris = shard_uris(manifest, split, files)
     compression = "GZIP" if manifest.compression == "gzip" else ""
@@ -317,7 +317,7 @@ def create_dataset(
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     if repeat:
         dataset = dataset.repeat()
-    if skip_batches:
+    if not isinstance(skip_batches, int) or skip_batches:
         # On records, before any batching: the same records as skipping `skip_batches` batches of batch_size.
         dataset = dataset.skip(skip_batches * batch_size)
     to_inputs = make_inputs_fn(manifest.feature_schema, is_classification)

@@ -60,7 +60,7 @@ from pipeline_lib import checkpoints as ckpt
 from pipeline_lib import input_pipeline, models, publish, staging
 from pipeline_lib import strategy as strategies
 from pipeline_lib.cluster import ClusterInfo, cluster_from_env
-from pipeline_lib.config import PipelineConfig, Strategy, Task
+from pipeline_lib.config import PipelineConfig, Strategy, Task, TrainConfig
 from pipeline_lib.manifest import Manifest
 from pipeline_lib.sharding import AutoShardPolicy, ShardPlan
 from pipeline_lib.tracking import MetricsSink, NullSink
@@ -105,9 +105,51 @@ class TrainHooks:
         return False
 
 
-def epoch_seed(seed: int, epoch: int) -> int:
-    """The shuffle seed of an epoch: a fixed function of (seed, epoch), so a resumed run reshuffles alike."""
+def epoch_seed(seed: int, epoch: int | tf.Tensor) -> int | tf.Tensor:
+    """The shuffle seed of an epoch: a fixed function of (seed, epoch), so a resumed run reshuffles alike.
+
+    `epoch` is an int or, inside the training input pipeline, an int64 tensor: the same arithmetic either way.
+    """
     return (seed * 1_000_003 + epoch * 7_919 + 1) % (2**31 - 1)
+
+
+def _epochs(manifest: Manifest, train_config: TrainConfig, batch: int, files: tuple[str, ...] | None,
+            shard: tuple[int, int] | None, is_classification: bool, batches_per_epoch: int, start_epoch: int,
+            first_skip: int, num_epochs: int) -> tf.data.Dataset:
+    """One input pipeline's batches for epochs start_epoch..num_epochs-1 in one dataset, built and traced once.
+
+    Epoch e is `create_dataset` shuffled with `epoch_seed(seed, e)` and cut to `batches_per_epoch`, so a resumed
+    run sees the batches an uninterrupted one saw; the first epoch skips the `first_skip` already trained.
+    Rebuilding the pipeline for each epoch instead cost about 0.2 s of Python and tracing per epoch, more than
+    a small epoch's whole input.
+    """
+
+    def epoch_dataset(epoch: tf.Tensor) -> tf.data.Dataset:
+        _seedable_in_trace()
+        skip = tf.where(epoch == start_epoch, tf.constant(first_skip, tf.int64), tf.constant(0, tf.int64))
+        dataset = input_pipeline.create_dataset(
+            manifest, "train", batch, files=files, shard=shard, shuffle=train_config.shuffle,
+            seed=epoch_seed(train_config.seed, epoch), shuffle_buffer=train_config.shuffle_buffer,
+            drop_remainder=True, skip_batches=skip, is_classification=is_classification)
+        # Exactly the plan's steps per epoch on every worker: an extra batch on one would hang the all-reduce.
+        return dataset.take(batches_per_epoch - skip)
+
+    epochs = tf.data.Dataset.range(start_epoch, num_epochs).flat_map(epoch_dataset)
+    return epochs.prefetch(tf.data.AUTOTUNE)  # the next epoch's first batches are ready at its boundary
+
+
+def _seedable_in_trace() -> None:
+    """Let a shuffle seeded by a tensor be built in the function being traced, whatever the global seed.
+
+    tf.data derives an op's seeds with `random_seed.get_seed`, which tests `(graph seed, op seed) == (0, 0)`: with
+    a graph seed of 0 (`train.seed: 0` sets the global seed to 0) that asks a traced tensor for its truth value,
+    which graph mode refuses. A traced function's graph seed is its own copy of the global seed; setting that
+    copy to 1 instead of 0 only changes which fixed shuffle stream a seed-0 run gets (every epoch is built here,
+    so a resumed run gets the same one). Other seeds are left alone.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    if graph.seed is not None and graph.seed % (2**31 - 1) == 0:
+        graph.seed = 1
 
 
 def _loss_fn(task: Task) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
@@ -429,7 +471,10 @@ def _train_synchronous(config, manifest, plan, run_dir, cluster, sink, hooks, ch
     mixed = train_config.mixed_precision
     per_replica_batch = plan.per_replica_batch_size
 
-    def dataset_fn(input_context: tf.distribute.InputContext, epoch: int, position: int) -> tf.data.Dataset:
+    num_epochs = -(-total_steps // steps_per_epoch)
+    start_epoch, start_position = divmod(start_step, steps_per_epoch)
+
+    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         batch = input_context.get_per_replica_batch_size(global_batch)
         num_pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
         replicas_per_pipeline = max(1, choice.num_replicas // num_pipelines)
@@ -442,13 +487,8 @@ def _train_synchronous(config, manifest, plan, run_dir, cluster, sink, hooks, ch
                 f"but the shard plan needs {needed} ({steps_per_epoch} steps × {replicas_per_pipeline} replicas); "
                 "re-plan the shards for this cluster"
             )
-        skip = position * replicas_per_pipeline
-        dataset = input_pipeline.create_dataset(
-            manifest, "train", batch, files=files, shard=shard, shuffle=train_config.shuffle,
-            seed=epoch_seed(train_config.seed, epoch), shuffle_buffer=train_config.shuffle_buffer,
-            drop_remainder=True, skip_batches=skip, is_classification=is_classification)
-        # Exactly the plan's steps per epoch on every worker: an extra batch on one would hang the all-reduce.
-        return dataset.take(needed - skip)
+        return _epochs(manifest, train_config, batch, files, shard, is_classification, needed,
+                       start_epoch, start_position * replicas_per_pipeline, num_epochs)
 
     def step_fn(inputs, labels):
         with tf.GradientTape() as tape:
@@ -488,11 +528,9 @@ def _train_synchronous(config, manifest, plan, run_dir, cluster, sink, hooks, ch
         return record
 
     try:
+        iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
         while step < total_steps:
-            epoch, position = divmod(step, steps_per_epoch)
-            distributed = strategy.distribute_datasets_from_function(
-                lambda ctx, e=epoch, p=position: dataset_fn(ctx, e, p))
-            iterator = iter(distributed)
+            position = step % steps_per_epoch
             while position < steps_per_epoch and step < total_steps:
                 to_log = train_config.log_every_steps - step % train_config.log_every_steps
                 to_save = train_config.checkpoint_every_steps - step % train_config.checkpoint_every_steps

@@ -95,10 +95,10 @@ def test_default_and_mirrored_end_with_equal_weights(tmp_path):
     assert _max_diff(runs["default"], runs["mirrored"]) < 1e-5
 
 
-@pytest.mark.parametrize("strategy,cpu_replicas", [("default", None), ("mirrored", 2)])
-def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path, shared_manifest, strategy, cpu_replicas):
+@pytest.mark.parametrize("strategy,cpu_replicas,seed", [("default", None, 42), ("mirrored", 2, 42), ("default", None, 0)])
+def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path, shared_manifest, strategy, cpu_replicas, seed):
     replicas = cpu_replicas or 1
-    config = _config(strategy=strategy, cpu_replicas=cpu_replicas, shuffle=True, shuffle_buffer=64,
+    config = _config(strategy=strategy, cpu_replicas=cpu_replicas, shuffle=True, shuffle_buffer=64, seed=seed,
                      deterministic=True, checkpoint_every_steps=8, steps_per_execution=2,
                      model={"params": {"hidden_units": [16], "dropout": 0.2}})
     plan = make_plan(shared_manifest, replicas_per_worker=replicas, epochs=3)
@@ -118,6 +118,58 @@ def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path, shared_manifest, 
     assert abs(result.final_loss - whole.final_loss) < 1e-5
     assert _max_diff(_weights(str(tmp_path / "whole"), config, shared_manifest),
                      _weights(resumed_dir, config, shared_manifest)) < 1e-5
+
+
+def _epoch_batches(dataset) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(inputs["numeric"].numpy(), labels.numpy()) for inputs, labels in dataset]
+
+
+def _assert_same_batches(got, expected) -> None:
+    assert len(got) == len(expected)
+    for (x, y), (ex, ey) in zip(got, expected):
+        np.testing.assert_array_equal(x, ex)
+        np.testing.assert_array_equal(y, ey)
+
+
+def test_one_pipeline_for_every_epoch_gives_the_batches_of_one_pipeline_per_epoch(tiny_manifest):
+    """The training input (all epochs traced once) equals building each epoch's pipeline alone, the recipe it
+    replaced: epoch e shuffled with epoch_seed(seed, e), the first epoch resumed 3 batches in."""
+    import keras
+
+    from pipeline_lib import input_pipeline
+
+    config = _config(shuffle=True, shuffle_buffer=64)
+    keras.utils.set_random_seed(config.train.seed)  # as train() does
+    batch, per_epoch, start_epoch, skip, num_epochs = 8, 30, 1, 3, 4
+    got = _epoch_batches(training._epochs(tiny_manifest, config.train, batch, None, None, True, per_epoch,
+                                          start_epoch, skip, num_epochs))
+    expected, by_epoch = [], []
+    for epoch in range(start_epoch, num_epochs):
+        first = skip if epoch == start_epoch else 0
+        alone = input_pipeline.create_dataset(
+            tiny_manifest, "train", batch, shuffle=True, seed=training.epoch_seed(config.train.seed, epoch),
+            shuffle_buffer=64, drop_remainder=True, skip_batches=first, is_classification=True).take(per_epoch - first)
+        by_epoch.append(_epoch_batches(alone))
+        expected += by_epoch[-1]
+    assert len(got) == (num_epochs - start_epoch) * per_epoch - skip
+    _assert_same_batches(got, expected)
+    assert not np.array_equal(by_epoch[1][0][1], by_epoch[2][0][1])  # each epoch is shuffled anew
+
+
+def test_training_input_builds_and_repeats_with_seed_zero(tiny_manifest):
+    """A global seed of 0 (train.seed: 0) would make tf.data ask a traced seed for its truth value."""
+    import keras
+
+    config = _config(shuffle=True, shuffle_buffer=64, seed=0)
+    keras.utils.set_random_seed(0)
+
+    def build():
+        return _epoch_batches(training._epochs(tiny_manifest, config.train, 8, None, None, True, 30, 0, 0, 3))
+
+    first = build()
+    _assert_same_batches(build(), first)
+    assert len(first) == 90
+    assert not np.array_equal(first[0][1], first[30][1]) and not np.array_equal(first[30][1], first[60][1])
 
 
 def test_steps_per_execution_does_not_change_the_result(tmp_path, tiny_manifest):
