@@ -23,7 +23,7 @@ import time
 
 from bench import case
 
-FULL_STEPS = 45000
+FULL_STEPS = 90000
 QUICK_STEPS = 800
 
 
@@ -90,12 +90,14 @@ def run(rows: int = 0, width: int = 0, quick: bool = False) -> list[dict]:
             return training.train(run_config, manifest, plan, runs.run_dir_for(run_config.output_root, name))
 
         server_s, server = _timed(stack.start_prefect_server, Path(root) / "prefect", stack.free_port())
+        # Set before Prefect is imported: its root settings, which threads outside the flow's context use (the
+        # training task's log pump), are read then; without it they start a second, ephemeral server.
+        previous_url = os.environ.get("PREFECT_API_URL")
+        os.environ["PREFECT_API_URL"] = server.url + "/api"
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         from flows.pipeline import training_pipeline
 
-        previous_url = os.environ.get("PREFECT_API_URL")
-        os.environ["PREFECT_API_URL"] = server.url + "/api"
         try:
             with temporary_settings(updates={PREFECT_API_URL: server.url + "/api"}), _logs_sent_before_exit():
                 direct("warm-up", warm_config)
