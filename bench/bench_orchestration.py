@@ -23,7 +23,7 @@ import time
 
 from bench import case
 
-FULL_STEPS = 90000
+FULL_STEPS = 150000
 QUICK_STEPS = 800
 
 
