@@ -108,9 +108,11 @@ class TrainHooks:
 def epoch_seed(seed: int, epoch: int | tf.Tensor) -> int | tf.Tensor:
     """The shuffle seed of an epoch: a fixed function of (seed, epoch), so a resumed run reshuffles alike.
 
-    `epoch` is an int or, inside the training input pipeline, an int64 tensor: the same arithmetic either way.
+    `epoch` is an int or, inside the training input pipeline, an int64 tensor: the same value either way. The
+    seed's part is reduced in Python first, so a seed of any size never overflows the tensor's int64.
     """
-    return (seed * 1_000_003 + epoch * 7_919 + 1) % (2**31 - 1)
+    modulus = 2**31 - 1
+    return ((seed * 1_000_003 + 1) % modulus + epoch * 7_919) % modulus
 
 
 def _epochs(manifest: Manifest, train_config: TrainConfig, batch: int, files: tuple[str, ...] | None,

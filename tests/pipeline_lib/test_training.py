@@ -156,6 +156,16 @@ def test_one_pipeline_for_every_epoch_gives_the_batches_of_one_pipeline_per_epoc
     assert not np.array_equal(by_epoch[1][0][1], by_epoch[2][0][1])  # each epoch is shuffled anew
 
 
+def test_epoch_seed_is_the_same_for_an_int_and_a_tensor_epoch_at_any_seed():
+    import tensorflow as tf
+
+    for seed in (0, 42, -7, 10**15, 2**62):
+        for epoch in (0, 1, 613):
+            expected = training.epoch_seed(seed, epoch)
+            assert 0 <= expected < 2**31 - 1
+            assert int(training.epoch_seed(seed, tf.constant(epoch, tf.int64))) == expected
+
+
 def test_training_input_builds_and_repeats_with_seed_zero(tiny_manifest):
     """A global seed of 0 (train.seed: 0) would make tf.data ask a traced seed for its truth value."""
     import keras
