@@ -573,9 +573,6 @@ class _DirectFile:
         self._fill = 0
         self.size = 0  # bytes in the file so far, the buffered ones included
 
-    def fileno(self) -> int:
-        return self._fd
-
     def write(self, data) -> int:
         source = memoryview(data).cast("B")
         taken = 0
@@ -606,8 +603,8 @@ class _DirectFile:
                 self.direct = False
         self._fill = 0
 
-    def close(self, durable: bool = True) -> None:
-        """Write what the buffer holds, truncate to the bytes written, fsync (with `durable`) and close."""
+    def close(self) -> None:
+        """Write what the buffer holds, truncate to the bytes written, fsync and close."""
         try:
             tail = self._fill
             if tail:
@@ -616,8 +613,7 @@ class _DirectFile:
                 self._write_out(length)
                 if length != tail:
                     os.ftruncate(self._fd, self.size)  # the zeros after the last byte
-            if durable:
-                os.fsync(self._fd)
+            os.fsync(self._fd)
         finally:
             self.abort()
 
@@ -685,12 +681,13 @@ class TFRecordFileWriter:
             raise ValueError(f"compression {compression!r} is not supported; use 'none' or 'gzip'")
         self.path = path
         self.durable = durable
+        self._direct = durable and direct and hasattr(os, "O_DIRECT")
         self._file: BinaryIO | _DirectFile
-        if durable and direct and hasattr(os, "O_DIRECT"):
+        if self._direct:
             self._file = _DirectFile(path)
         else:
             self._file = open(path, "wb")  # noqa: SIM115  (closed by close() or abort(); the writer outlives a with-block)
-        self._hashing = _HashingWriter(self._file, hasher, writeback=durable and not isinstance(self._file, _DirectFile))
+        self._hashing = _HashingWriter(self._file, hasher, writeback=durable and not self._direct)
         self._gzip = gzip.GzipFile(filename="", mode="wb", fileobj=self._hashing, mtime=0) if compression == "gzip" else None
         self.num_records = 0
         self.num_uncompressed_bytes = 0
@@ -708,13 +705,10 @@ class TFRecordFileWriter:
         """Close the file; returns (records, bytes on disk, sha256 hex of the file)."""
         if self._gzip is not None:
             self._gzip.close()
-        if isinstance(self._file, _DirectFile):
-            self._file.close(durable=self.durable)
-        else:
-            if self.durable:
-                self._file.flush()
-                os.fsync(self._file.fileno())
-            self._file.close()
+        if self.durable and not self._direct:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        self._file.close()  # a _DirectFile writes its last block and fsyncs here
         return self.num_records, self._hashing.num_bytes, self._hashing.sha256.hexdigest()
 
     def abort(self) -> None:
@@ -722,7 +716,4 @@ class TFRecordFileWriter:
             if self._gzip is not None:
                 self._gzip.close()
         finally:
-            if isinstance(self._file, _DirectFile):
-                self._file.abort()
-            else:
-                self._file.close()
+            (self._file.abort if self._direct else self._file.close)()

@@ -532,30 +532,27 @@ def _train_synchronous(config, manifest, plan, run_dir, cluster, sink, hooks, ch
     try:
         iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
         while step < total_steps:
-            position = step % steps_per_epoch
-            while position < steps_per_epoch and step < total_steps:
-                to_log = train_config.log_every_steps - step % train_config.log_every_steps
-                to_save = train_config.checkpoint_every_steps - step % train_config.checkpoint_every_steps
-                count = min(train_config.steps_per_execution, steps_per_epoch - position, total_steps - step,
-                            to_log, to_save)
-                losses = run_steps(iterator, tf.constant(count, tf.int32)).numpy()
-                for offset, loss in enumerate(losses):
-                    hooks.on_step_end(step + offset + 1, global_batch, float(loss))
-                step += count
-                position += count
-                last_loss = float(losses[-1])
-                if not math.isfinite(last_loss):
-                    logger.warning("loss is %s at step %d", last_loss, step)
-                if step % train_config.log_every_steps == 0 or step == total_steps:
-                    progress.log(step, last_loss, _current_lr(optimizer))
-                    _sync_logs(run_storage, progress)
-                if step % train_config.checkpoint_every_steps == 0 or step == total_steps:
-                    save(step)
-                    last_saved = step
-                if step < total_steps and _sync_flag(choice, bool(hooks.stop_requested()), flag_cache):
-                    record = save(step) if last_saved != step else None
-                    path = record.path if record is not None else ckpt.prefix_for(checkpoint_dir, step)
-                    raise TrainingInterrupted(step, path)
+            to_log = train_config.log_every_steps - step % train_config.log_every_steps
+            to_save = train_config.checkpoint_every_steps - step % train_config.checkpoint_every_steps
+            to_epoch_end = steps_per_epoch - step % steps_per_epoch  # an execution ends with its epoch
+            count = min(train_config.steps_per_execution, to_epoch_end, total_steps - step, to_log, to_save)
+            losses = run_steps(iterator, tf.constant(count, tf.int32)).numpy()
+            for offset, loss in enumerate(losses):
+                hooks.on_step_end(step + offset + 1, global_batch, float(loss))
+            step += count
+            last_loss = float(losses[-1])
+            if not math.isfinite(last_loss):
+                logger.warning("loss is %s at step %d", last_loss, step)
+            if step % train_config.log_every_steps == 0 or step == total_steps:
+                progress.log(step, last_loss, _current_lr(optimizer))
+                _sync_logs(run_storage, progress)
+            if step % train_config.checkpoint_every_steps == 0 or step == total_steps:
+                save(step)
+                last_saved = step
+            if step < total_steps and _sync_flag(choice, bool(hooks.stop_requested()), flag_cache):
+                record = save(step) if last_saved != step else None
+                path = record.path if record is not None else ckpt.prefix_for(checkpoint_dir, step)
+                raise TrainingInterrupted(step, path)
         if last_saved != step:
             save(step)
     finally:
