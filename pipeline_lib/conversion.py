@@ -9,6 +9,7 @@ is never complete, and a rerun replaces it.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import csv
@@ -71,6 +72,10 @@ EXTENSIONS = {
 TEXT_COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _INT64_RANGE = (-(1 << 63), (1 << 63) - 1)
+# Parquet row groups up to this size (uncompressed, the columns read) are decoded whole, one group ahead.
+_WHOLE_ROW_GROUP_BYTES = 128 << 20
+# Encoded batches queued for the shard writer thread at most (one being written, one waiting).
+_WRITES_IN_FLIGHT = 2
 
 
 class ConversionError(ValueError):
@@ -331,20 +336,57 @@ class _ParquetReader:
         _check_columns(self.source.uri, self.names, needed)
         first_row = 1
         try:
-            # One row group at a time: a single iter_batches over the file keeps every pre-buffered row group
-            # alive until the end, so memory would grow with the file. Bounded here by the largest row group.
-            for row_group in range(self.file.num_row_groups):
-                for batch in self.file.iter_batches(batch_size=chunk_rows, columns=list(needed),
-                                                    row_groups=[row_group]):
-                    start = first_row
-                    yield _RawChunk(
-                        uri=self.source.uri, unit="row", columns={n: batch.column(n) for n in needed},
-                        num_rows=batch.num_rows,
-                        positions_fn=lambda start=start, n=batch.num_rows: start + np.arange(n),
-                    )
-                    first_row += batch.num_rows
+            for batch in self._batches(list(needed), chunk_rows):
+                start = first_row
+                yield _RawChunk(
+                    uri=self.source.uri, unit="row", columns={n: batch.column(n) for n in needed},
+                    num_rows=batch.num_rows,
+                    positions_fn=lambda start=start, n=batch.num_rows: start + np.arange(n),
+                )
+                first_row += batch.num_rows
         finally:
             self._handle.close()
+
+    def _batches(self, columns: list[str], chunk_rows: int) -> Iterator[pa.RecordBatch]:
+        """Every row group's rows in batches of at most chunk_rows, in file order.
+
+        A row group whose `columns` hold at most _WHOLE_ROW_GROUP_BYTES (uncompressed) is decoded whole, and the
+        next such group is decoded on a helper thread while this one's batches are converted: decoding (list
+        columns above all) is the slowest step of a Parquet conversion, and whole groups cost less CPU than
+        batch-sized reads, which regrow pyarrow's buffers. A larger group is read batch by batch with nothing
+        ahead, so memory stays bounded by two groups of that size or by one batch. One ParquetFile is never
+        read from two threads at once.
+        """
+        def whole(group: int) -> bool:
+            meta = self.file.metadata.row_group(group)
+            size = sum(meta.column(i).total_uncompressed_size for i in range(meta.num_columns)
+                       if meta.column(i).path_in_schema.split(".")[0] in columns)
+            return size <= _WHOLE_ROW_GROUP_BYTES
+
+        def read(group: int) -> pa.Table:
+            return self.file.read_row_group(group, columns=columns, use_threads=False)
+
+        num_groups = self.file.num_row_groups
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-parquet") as decoder:
+            ahead: concurrent.futures.Future | None = None
+            try:
+                for group in range(num_groups):
+                    if ahead is not None:
+                        table, ahead = ahead.result(), None
+                    elif whole(group):
+                        table = read(group)
+                    else:
+                        yield from self.file.iter_batches(batch_size=chunk_rows, columns=columns, row_groups=[group])
+                        continue
+                    if group + 1 < num_groups and whole(group + 1):
+                        ahead = decoder.submit(read, group + 1)
+                    yield from table.to_batches(max_chunksize=chunk_rows)
+                    del table
+            finally:
+                if ahead is not None:  # closed early: let the decode finish before the file closes
+                    ahead.cancel()
+                    with contextlib.suppress(BaseException):
+                        ahead.result()
 
 
 class _JsonlReader:
@@ -725,11 +767,11 @@ def _coerce_arrow(raw: pa.Array, ctype: _ColumnType, is_csv: bool) -> _Column:
         mark(np.arange(num_rows), f"is a {raw.type}, not a {ctype.dtype.value}")
         return mark.column(np.zeros(num_rows, np.int64 if ctype.dtype == DType.INT64 else np.float32))
     target = _arrow_target(ctype)
-    out = np.zeros(num_rows, dtype=np.int64 if ctype.dtype == DType.INT64 else np.float32)
+    dtype = np.int64 if ctype.dtype == DType.INT64 else np.float32
     while True:
         good_rows = np.flatnonzero(~mark.bad)
         if not len(good_rows):
-            return mark.column(out)
+            return mark.column(np.zeros(num_rows, dtype=dtype))
         subset = raw if len(good_rows) == num_rows else raw.filter(pa.array(~mark.bad))
         try:
             converted = _cast(subset, target)
@@ -737,8 +779,9 @@ def _coerce_arrow(raw: pa.Array, ctype: _ColumnType, is_csv: bool) -> _Column:
             mark(good_rows[_unconvertible(subset, target)],
                  f"cannot be converted to {ctype.dtype.value} (the type inferred from the first chunk)")
             continue
-        if len(good_rows) == num_rows:  # the common case: no copy into `out`
-            return mark.column(converted.to_numpy(zero_copy_only=False).astype(out.dtype, copy=False))
+        if len(good_rows) == num_rows:  # the common case: Arrow's buffer, no copy
+            return mark.column(converted.to_numpy(zero_copy_only=False).astype(dtype, copy=False))
+        out = np.zeros(num_rows, dtype=dtype)  # bad rows stay 0: they are filtered out before encoding
         out[good_rows] = converted.to_numpy(zero_copy_only=False)
         return mark.column(out)
 
@@ -746,17 +789,21 @@ def _coerce_arrow(raw: pa.Array, ctype: _ColumnType, is_csv: bool) -> _Column:
 def _coerce_arrow_vector(raw: pa.Array, ctype: _ColumnType, mark: _Marker) -> _Column:
     num_rows = len(raw)
     (width,) = ctype.shape
-    out = np.zeros((num_rows, width), dtype=np.int64 if ctype.dtype == DType.INT64 else np.float32)
+    dtype = np.int64 if ctype.dtype == DType.INT64 else np.float32
+
+    def zeros() -> np.ndarray:  # only where some row is bad: the common case returns Arrow's own buffer
+        return np.zeros((num_rows, width), dtype=dtype)
+
     if not _is_list(raw.type):
         mark(np.arange(num_rows), f"is a {raw.type}, not a vector of {width} numbers")
-        return mark.column(out)
+        return mark.column(zeros())
     lengths = pc.list_value_length(raw).fill_null(-1).to_numpy(zero_copy_only=False)
     mark(np.flatnonzero(lengths != width), f"is not a vector of length {width}")
     target = _arrow_target(_ColumnType(ctype.dtype))
     while True:
         good_rows = np.flatnonzero(~mark.bad)
         if not len(good_rows):
-            return mark.column(out)
+            return mark.column(zeros())
         all_good = len(good_rows) == num_rows
         flat = pc.list_flatten(raw if all_good else raw.filter(pa.array(~mark.bad)))
         if flat.null_count:
@@ -769,8 +816,9 @@ def _coerce_arrow_vector(raw: pa.Array, ctype: _ColumnType, mark: _Marker) -> _C
             failing = np.unique(np.array(_unconvertible(flat, target), dtype=np.int64) // width)
             mark(good_rows[failing], f"holds a value that cannot be converted to {ctype.dtype.value}")
             continue
-        if all_good:  # the common case: the Arrow buffer itself, no copy into `out`
-            return mark.column(values.to_numpy(zero_copy_only=False).astype(out.dtype, copy=False).reshape(-1, width))
+        if all_good:  # the common case: the Arrow buffer itself, no copy
+            return mark.column(values.to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(-1, width))
+        out = zeros()
         out[good_rows] = values.to_numpy(zero_copy_only=False).reshape(-1, width)
         return mark.column(out)
 
@@ -1204,9 +1252,10 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
 
 
 class _BackgroundWrites:
-    """Shard writes (file I/O, gzip and sha256 all release the GIL) on one thread, one batch in flight.
+    """Shard writes (file I/O, gzip and sha256 all release the GIL) on one thread, up to _WRITES_IN_FLIGHT batches.
 
-    One thread keeps the records in order; waiting for the previous batch before queueing the next bounds memory.
+    One thread keeps the records in order. A second batch queued behind the one being written lets encoding
+    run on while a write waits on the device; waiting for the oldest once the queue is full bounds memory.
     """
 
     def __init__(self):
@@ -1215,7 +1264,7 @@ class _BackgroundWrites:
         self.closer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-close")
         # The sha256 of each written block runs here while the write thread copies the block to its file.
         self.hasher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-hash")
-        self._pending: concurrent.futures.Future | None = None
+        self._pending: collections.deque[concurrent.futures.Future] = collections.deque()
 
     def submit(self, shards: dict[str, _RollingShards], batch: encoding.EncodedBatch, num_eval: int) -> None:
         """Queue `batch`: its first `num_eval` records go to the eval shards, the rest to train."""
@@ -1224,8 +1273,9 @@ class _BackgroundWrites:
             parts.append((shards["eval"], batch.rows(0, num_eval)))
         if num_eval < len(batch):
             parts.append((shards["train"], batch.rows(num_eval, len(batch))))
-        self.wait()
-        self._pending = self._pool.submit(self._write, parts)
+        while len(self._pending) >= _WRITES_IN_FLIGHT:
+            self._pending.popleft().result()
+        self._pending.append(self._pool.submit(self._write, parts))
 
     @staticmethod
     def _write(parts: list[tuple[_RollingShards, encoding.EncodedBatch]]) -> None:
@@ -1233,9 +1283,15 @@ class _BackgroundWrites:
             split_shards.write(records)
 
     def wait(self) -> None:
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending.result()
+        """Until every queued batch is written (or failed); then raises the first write error, if any."""
+        error: BaseException | None = None
+        while self._pending:
+            try:
+                self._pending.popleft().result()
+            except BaseException as failure:  # noqa: BLE001  (re-raised below, once nothing is still writing)
+                error = error or failure
+        if error is not None:
+            raise error
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

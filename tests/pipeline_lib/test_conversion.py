@@ -125,6 +125,92 @@ def test_parquet_schema_inference_with_vectors(tmp_path):
     assert parsed["flag"][order].tolist() == [int(i % 2 == 0) for i in range(n)]
 
 
+def _row_group_parquet(path, group_sizes: list[int], short_at: int | None = None) -> int:
+    """A Parquet file with one row group per entry of group_sizes: a vector `v` of 3 float32 (row i holds
+    3i, 3i+1, 3i+2), a string `s` and an int label `y`. `v` is a fixed-size list column, or with `short_at` a
+    variable list column whose row short_at (0-based) holds 2 values. Returns the number of rows."""
+    v_type = pa.list_(pa.float32()) if short_at is not None else pa.list_(pa.float32(), 3)
+    schema = pa.schema([("v", v_type), ("s", pa.string()), ("y", pa.int64())])
+    start = 0
+    with pq.ParquetWriter(path, schema) as writer:
+        for size in group_sizes:
+            ids = np.arange(start, start + size)
+            values = (ids[:, None] * 3 + np.arange(3)).astype(np.float32)
+            if short_at is None:
+                v = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), 3)
+            else:
+                v = pa.array([row[:2] if i == short_at else row for i, row in zip(ids, values.tolist())], v_type)
+            writer.write_table(pa.table({"v": v, "s": [f"s{i}" for i in ids], "y": ids % 3}, schema=schema))
+            start += size
+    return start
+
+
+@pytest.mark.parametrize("whole_bytes", ["default", "mixed", "none"])
+def test_parquet_row_groups_read_whole_ahead_or_batch_by_batch_give_the_same_shards(tmp_path, monkeypatch,
+                                                                                     whole_bytes):
+    """Row groups small enough are decoded whole (the next one on a helper thread), larger ones batch by batch:
+    either way every row arrives once, in file order, so the shards are byte-identical to a batch-wise read."""
+    sizes = [70, 5, 130, 1, 64, 33]
+    source = tmp_path / "g.parquet"
+    total = _row_group_parquet(source, sizes)
+    data = DataConfig(source=str(source), label="y", read_chunk_rows=32, target_shard_mb=0.002)
+
+    monkeypatch.setattr(conversion, "_WHOLE_ROW_GROUP_BYTES", 0)  # the reference: every group batch by batch
+    reference = conversion.convert(data, str(tmp_path / "reference"))
+
+    meta = pq.ParquetFile(source).metadata
+    group_bytes = [sum(meta.row_group(g).column(c).total_uncompressed_size for c in range(meta.num_columns))
+                   for g in range(meta.num_row_groups)]
+    limit = {"default": 128 << 20,
+             "mixed": sorted(group_bytes)[len(group_bytes) // 2], "none": 0}[whole_bytes]
+    monkeypatch.setattr(conversion, "_WHOLE_ROW_GROUP_BYTES", limit)
+    calls = {"whole": 0, "batches": 0}
+    real_read, real_iter = pq.ParquetFile.read_row_group, pq.ParquetFile.iter_batches
+
+    def read_row_group(self, *args, **kwargs):
+        calls["whole"] += 1
+        return real_read(self, *args, **kwargs)
+
+    def iter_batches(self, *args, **kwargs):
+        calls["batches"] += 1
+        return real_iter(self, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", read_row_group)
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", iter_batches)
+    manifest = conversion.convert(data, str(tmp_path / whole_bytes))
+    whole = sum(size <= limit for size in group_bytes)
+    assert calls == {"whole": whole, "batches": len(sizes) - whole}
+    assert 0 < whole < len(sizes) if whole_bytes == "mixed" else True
+    assert [(s.split, s.num_records, s.sha256) for s in manifest.shards] == \
+        [(s.split, s.num_records, s.sha256) for s in reference.shards]
+    assert len(manifest.shards) > 2
+    parsed = _read_all(manifest)
+    ids = parsed["v"][:, 0].astype(np.int64) // 3
+    assert sorted(ids.tolist()) == list(range(total))
+    np.testing.assert_array_equal(parsed["v"], (ids[:, None] * 3 + np.arange(3)).astype(np.float32))
+    assert [s.decode() for s in parsed["s"]] == [f"s{i}" for i in ids]
+
+
+@pytest.mark.parametrize("whole_bytes", [128 << 20, 0])
+def test_a_bad_parquet_row_past_the_first_groups_is_named_by_its_row_and_stops_the_decoder(tmp_path, monkeypatch,
+                                                                                          whole_bytes):
+    import threading
+
+    monkeypatch.setattr(conversion, "_WHOLE_ROW_GROUP_BYTES", whole_bytes)
+    source = tmp_path / "bad.parquet"
+    _row_group_parquet(source, [40, 40, 40, 40, 40], short_at=97)  # 0-based row 97 is row 98 of the file
+    with pytest.raises(conversion.ConversionError) as error:
+        conversion.convert(DataConfig(source=str(source), label="y", read_chunk_rows=16), str(tmp_path / "out"))
+    assert "bad.parquet row 98" in str(error.value) and "column 'v'" in str(error.value)
+    assert "length 3" in str(error.value)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith(("tfdag-parquet", "tfdag-read"))]
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob(MANIFEST_NAME))
+    skipped = conversion.convert(DataConfig(source=str(source), label="y", read_chunk_rows=16, on_bad_record="skip"),
+                                 str(tmp_path / "skip"))
+    assert skipped.num_bad_records == 1
+    assert skipped.num_records("train") + skipped.num_records("eval") == 199
+
+
 def test_jsonl_schema_inference_with_vectors_and_string_labels(tmp_path):
     path = tmp_path / "d.jsonl"
     labels = ["cat", "dog", "ant"]
@@ -309,6 +395,68 @@ def test_crash_after_first_published_shard_leaves_no_manifest_and_rerun_complete
     assert (dataset / MANIFEST_NAME).exists()
     assert len(list(dataset.rglob("*.tfrecord"))) == len(manifest.shards) > 1
     assert sorted(_read_all(manifest)["id"].tolist()) == list(range(2000))
+
+
+@pytest.mark.parametrize("then_bad_row", [False, True])
+def test_a_failed_shard_write_with_a_batch_queued_behind_it_publishes_nothing(tmp_path, monkeypatch, then_bad_row):
+    """Two encoded batches may wait for the writer thread. The queue never holds more; when a write fails, the
+    one queued behind it finishes before the shards are aborted and the staging directory removed. With
+    `then_bad_row` the failure is found only after a bad row two chunks later stopped the conversion, with both
+    writes still queued: that error is raised, and both writes are still waited for."""
+    import threading
+    import time
+
+    rows = _rows(3000)
+    if then_bad_row:
+        rows[750]["x"] = "oops"  # chunk 8 of 100 rows: writes 6 (failing) and 7 are queued when it is read
+    source = _write_csv(tmp_path / "a.csv", rows)
+    data = DataConfig(source=source, label="y", read_chunk_rows=100, target_shard_mb=0.01)
+    state = {"writes": 0, "queued_max": 0, "after_failure": 0, "failed": False}
+    events: list[str] = []
+    lock = threading.Lock()
+    real_write, real_submit = conversion._BackgroundWrites._write, conversion._BackgroundWrites.submit
+
+    def slow_write(parts):
+        with lock:
+            state["writes"] += 1
+            number = state["writes"]
+            if state["failed"]:
+                state["after_failure"] += 1
+        time.sleep(0.01)  # a write slower than encoding: the queue fills
+        if number == 6:
+            state["failed"] = True
+            raise OSError(28, "No space left on device")
+        real_write(parts)
+        if state["failed"]:
+            events.append("queued write done")
+
+    def submit(self, *args):
+        real_submit(self, *args)
+        state["queued_max"] = max(state["queued_max"], len(self._pending))
+
+    real_abort = conversion._RollingShards.abort
+
+    def abort(self):
+        events.append("abort")
+        real_abort(self)
+
+    monkeypatch.setattr(conversion._BackgroundWrites, "_write", staticmethod(slow_write))
+    monkeypatch.setattr(conversion._BackgroundWrites, "submit", submit)
+    monkeypatch.setattr(conversion._RollingShards, "abort", abort)
+    expected = (conversion.ConversionError, "a.csv line 752") if then_bad_row else (OSError, "No space left")
+    with pytest.raises(expected[0], match=expected[1]):
+        conversion.convert(data, str(tmp_path / "out"))
+    assert state["queued_max"] == conversion._WRITES_IN_FLIGHT == 2
+    assert state["after_failure"] == 1  # the batch queued behind the failed one ran to its end first
+    assert events == ["queued write done", "abort", "abort"]
+    data_dir = tmp_path / "out" / "data"
+    assert not list(data_dir.rglob(MANIFEST_NAME)) and not list(data_dir.rglob("*.tfrecord"))
+    assert not any(p.name.startswith(".staging") for p in data_dir.iterdir())
+
+    monkeypatch.setattr(conversion._BackgroundWrites, "_write", staticmethod(real_write))
+    manifest = conversion.convert(DataConfig(source=source, label="y", read_chunk_rows=100, target_shard_mb=0.01,
+                                             on_bad_record="skip"), str(tmp_path / "out"))
+    assert sorted(_read_all(manifest)["id"].tolist()) == [i for i in range(3000) if not (then_bad_row and i == 750)]
 
 
 def test_crash_on_object_store_leaves_no_manifest(monkeypatch):
