@@ -190,7 +190,7 @@ def _settled() -> None:
     os.sync()
 
 
-def run(rows: int = 2_000_000, width: int = 32, quick: bool = False, repeats: int = 3) -> list[dict]:
+def run(rows: int = 2_000_000, width: int = 32, quick: bool = False, repeats: int = 5) -> list[dict]:
     """Every case timed `repeats` times, interleaved (Parquet, NPZ, writer, raw, ...) so that load from other
     processes hits them alike; the best time of each counts. One warm-up of each path first, so imports and
     one-time initialisation (pyarrow's lazy modules, TensorFlow's writer) are timed for neither side. Every
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--width", type=int, default=32)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs of every case (best counts)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs of every case (best counts)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from bench.__main__ import print_table

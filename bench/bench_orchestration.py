@@ -57,6 +57,21 @@ def _logs_sent_before_exit():
         APILogWorker.drain_all(timeout=5)
 
 
+def _task_times() -> str:
+    """Where the last flow run's time went: each task run's seconds, in start order, read from the server."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        (flow_run,) = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+    tasks = sorted((t for t in tasks if t.start_time and t.end_time), key=lambda t: t.start_time)
+    parts = [f"{t.name} {(t.end_time - t.start_time).total_seconds():.1f}" for t in tasks]
+    total = (flow_run.end_time - flow_run.start_time).total_seconds() if flow_run.end_time else float("nan")
+    return f"flow run {total:.1f}s on the server: " + ", ".join(parts)
+
+
 def _timed(function, *args) -> tuple[float, object]:
     start = time.perf_counter()
     result = function(*args)
@@ -117,6 +132,8 @@ def run(rows: int = 0, width: int = 0, quick: bool = False) -> list[dict]:
                     times[kind].append(seconds)
                     print(f"  {kind} run {len(times[kind])}: {seconds:.1f}s, of which train() {result.wall_s:.1f}s "
                           f"({steps / result.wall_s:.0f} steps/s)", flush=True)
+                    if kind == "flow":
+                        print(f"    {_task_times()}", flush=True)
         finally:
             if previous_url is None:
                 os.environ.pop("PREFECT_API_URL", None)
