@@ -201,7 +201,7 @@ def run(rows: int = 2_000_000, width: int = 32, quick: bool = False, repeats: in
     .npz (`x` a 2-D array), which both give the same shard bytes, and a wide Parquet table (`x0`..`x31`
     float32 columns, the usual shape of a raw table), whose shards hold 33 scalar features a row and so
     other (about three times as many) bytes. Reading each source alone, with no conversion, is timed too: it
-    is the part of convert() that depends on the source format, and Parquet's list decoding alone takes
+    is the part of convert() that depends on the source format, and Parquet's list decoding alone can take
     longer than the raw write of the output.
     """
     from pipeline_lib import native
