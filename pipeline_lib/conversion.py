@@ -1480,9 +1480,13 @@ def _publish(out_fs, dataset_path: str, dataset_uri: str, staged: list[_StagedSh
             infos.append(ShardInfo(split=split, path=relative, num_records=shard.num_records,
                                    num_bytes=shard.num_bytes, sha256=shard.sha256))
     if local_out:  # the renames reach the disk before the manifest names them (the dataset directory itself is
-        # fsynced by write_bytes_atomic with schema.json, next)
+        # fsynced by write_bytes_atomic with schema.json, next), and so do the entries of the new dataset
+        # directory in data/ and of data/ in the output root
         for split in SPLITS:
             storage.fsync_dir(os.path.join(dataset_path, split))
+        data_dir = os.path.dirname(dataset_path)
+        storage.fsync_dir(data_dir)
+        storage.fsync_dir(os.path.dirname(data_dir))
     join = os.path.join if local_out else posixpath.join
     storage.write_bytes_atomic(out_fs, join(dataset_path, SCHEMA_NAME), schema.model_dump_json(indent=2).encode())
     manifest = Manifest(

@@ -459,6 +459,31 @@ def test_a_failed_shard_write_with_a_batch_queued_behind_it_publishes_nothing(tm
     assert sorted(_read_all(manifest)["id"].tolist()) == [i for i in range(3000) if not (then_bad_row and i == 750)]
 
 
+def test_local_publish_makes_every_new_directory_entry_durable_before_the_manifest(tmp_path, monkeypatch):
+    """The shards' renames, the dataset directory's entry in data/ and data/'s entry in the output root are all
+    fsynced before manifest.json is written: a crash after the manifest cannot lose a directory it names."""
+    events: list[str] = []
+    real_fsync_dir, real_write = storage.fsync_dir, storage.write_bytes_atomic
+
+    def fsync_dir(path):
+        events.append(os.path.relpath(path, tmp_path))
+        real_fsync_dir(path)
+
+    def write_bytes_atomic(fs, path, payload):
+        events.append("write " + os.path.basename(path))
+        real_write(fs, path, payload)
+
+    monkeypatch.setattr(storage, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(storage, "write_bytes_atomic", write_bytes_atomic)
+    source = _write_csv(tmp_path / "a.csv", _rows(300))
+    manifest = conversion.convert(DataConfig(source=source, label="y"), str(tmp_path / "out"))
+    dataset = os.path.join("out", "data", manifest.fingerprint)
+    before_manifest = events[:events.index(f"write {MANIFEST_NAME}")]
+    for directory in (os.path.join(dataset, "train"), os.path.join(dataset, "eval"), os.path.join("out", "data"),
+                      "out"):
+        assert directory in before_manifest, (directory, events)
+
+
 def test_crash_on_object_store_leaves_no_manifest(monkeypatch):
     fs = fsspec.filesystem("memory")
     with fs.open("/crash-test/raw.csv", "wb") as handle:
