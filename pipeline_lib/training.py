@@ -6,7 +6,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
@@ -448,6 +448,72 @@ class _Progress:
         self.sink.flush()
 
 
+class _Boundaries:
+    """What both training loops do between executions: bound each run of steps by the next log, checkpoint and
+    the end, then call the step hooks, log, checkpoint and honour a stop request; `finish` saves the last step.
+
+    A checkpoint evaluates (chief) and publishes after `store.save`; `before_save` runs first (the parameter
+    server coordinator's join, so the saved variables hold every scheduled step).
+    """
+
+    def __init__(self, train_config: TrainConfig, total_steps: int, start_step: int, global_batch: int,
+                 hooks: TrainHooksProtocol, progress: _Progress, optimizer, store: ckpt.CheckpointStore,
+                 step_var: tf.Variable, evaluate: Callable[[], dict[str, float]] | None,
+                 run_storage: publish.RunStorage, best_metric: str, best_mode: str,
+                 before_save: Callable[[], None] | None = None):
+        self.config, self.total_steps, self.global_batch = train_config, total_steps, global_batch
+        self.hooks, self.progress, self.optimizer = hooks, progress, optimizer
+        self.store, self.step_var, self.evaluate, self.run_storage = store, step_var, evaluate, run_storage
+        self.best_metric, self.best_mode, self.before_save = best_metric, best_mode, before_save
+        self.step, self.last_loss = start_step, float("nan")
+        self._last_saved = start_step if start_step else -1
+
+    def steps_to_next(self, limit: int) -> int:
+        """Steps to run next: at most `limit`, and none past the next log or checkpoint step or the end."""
+        log_every, save_every = self.config.log_every_steps, self.config.checkpoint_every_steps
+        return min(limit, self.total_steps - self.step, log_every - self.step % log_every,
+                   save_every - self.step % save_every)
+
+    def after(self, losses: Sequence[float], stop_requested: Callable[[], bool]) -> None:
+        """Account for `losses`, one per step just run; raises TrainingInterrupted on a stop request."""
+        for offset, loss in enumerate(losses):
+            self.hooks.on_step_end(self.step + offset + 1, self.global_batch, float(loss))
+        self.step += len(losses)
+        self.last_loss = float(losses[-1])
+        if not math.isfinite(self.last_loss):
+            logger.warning("loss is %s at step %d", self.last_loss, self.step)
+        step = self.step
+        if step % self.config.log_every_steps == 0 or step == self.total_steps:
+            self.progress.log(step, self.last_loss, _current_lr(self.optimizer))
+            _sync_logs(self.run_storage, self.progress)
+        if step % self.config.checkpoint_every_steps == 0 or step == self.total_steps:
+            self._save(step)
+        if step < self.total_steps and stop_requested():
+            record = self._save(step) if self._last_saved != step else None
+            raise TrainingInterrupted(step, record.path if record is not None else
+                                      ckpt.prefix_for(self.run_storage.local_checkpoint_dir, step))
+
+    def finish(self) -> None:
+        if self._last_saved != self.step:
+            self._save(self.step)
+
+    def _save(self, at_step: int) -> ckpt.CheckpointRecord | None:
+        if self.before_save is not None:
+            self.before_save()
+        self.step_var.assign(at_step)
+
+        def measure() -> dict[str, float]:
+            metrics = self.evaluate() if self.evaluate is not None else {}
+            self.progress.log_eval(at_step, metrics)
+            return metrics
+
+        record = self.store.save(at_step, metrics_fn=measure)
+        _publish(self.run_storage, self.progress, record, self.config.keep_checkpoints, self.best_metric,
+                 self.best_mode)
+        self._last_saved = at_step
+        return record
+
+
 def _train_synchronous(config, manifest, plan, run_dir, cluster, sink, hooks, choice, started) -> TrainResult:
     train_config = config.train
     strategy = choice.strategy
@@ -515,46 +581,20 @@ def _train_synchronous(config, manifest, plan, run_dir, cluster, sink, hooks, ch
     evaluate = _Evaluator(model, manifest, config.model.task) if cluster.is_chief else None
     progress = _Progress(cluster.is_chief, tensorboard_dir, sink, global_batch, start_step)
     flag_cache: dict[str, Any] = {}
-    step, last_loss, last_saved = start_step, float("nan"), start_step if start_step else -1
+    bounds = _Boundaries(train_config, total_steps, start_step, global_batch, hooks, progress, optimizer, store,
+                         step_var, evaluate, run_storage, best_metric, best_mode)
 
-    def save(at_step: int) -> ckpt.CheckpointRecord | None:
-        step_var.assign(at_step)
-
-        def measure() -> dict[str, float]:
-            metrics = evaluate() if evaluate is not None else {}
-            progress.log_eval(at_step, metrics)
-            return metrics
-
-        record = store.save(at_step, metrics_fn=measure)
-        _publish(run_storage, progress, record, train_config.keep_checkpoints, best_metric, best_mode)
-        return record
+    def stop_requested() -> bool:
+        return _sync_flag(choice, bool(hooks.stop_requested()), flag_cache)
 
     try:
         iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-        while step < total_steps:
-            to_log = train_config.log_every_steps - step % train_config.log_every_steps
-            to_save = train_config.checkpoint_every_steps - step % train_config.checkpoint_every_steps
-            to_epoch_end = steps_per_epoch - step % steps_per_epoch  # an execution ends with its epoch
-            count = min(train_config.steps_per_execution, to_epoch_end, total_steps - step, to_log, to_save)
-            losses = run_steps(iterator, tf.constant(count, tf.int32)).numpy()
-            for offset, loss in enumerate(losses):
-                hooks.on_step_end(step + offset + 1, global_batch, float(loss))
-            step += count
-            last_loss = float(losses[-1])
-            if not math.isfinite(last_loss):
-                logger.warning("loss is %s at step %d", last_loss, step)
-            if step % train_config.log_every_steps == 0 or step == total_steps:
-                progress.log(step, last_loss, _current_lr(optimizer))
-                _sync_logs(run_storage, progress)
-            if step % train_config.checkpoint_every_steps == 0 or step == total_steps:
-                save(step)
-                last_saved = step
-            if step < total_steps and _sync_flag(choice, bool(hooks.stop_requested()), flag_cache):
-                record = save(step) if last_saved != step else None
-                path = record.path if record is not None else ckpt.prefix_for(checkpoint_dir, step)
-                raise TrainingInterrupted(step, path)
-        if last_saved != step:
-            save(step)
+        while bounds.step < total_steps:
+            # An execution also ends with its epoch.
+            count = bounds.steps_to_next(min(train_config.steps_per_execution,
+                                             steps_per_epoch - bounds.step % steps_per_epoch))
+            bounds.after(run_steps(iterator, tf.constant(count, tf.int32)).numpy(), stop_requested)
+        bounds.finish()
     finally:
         progress.close()
         _sync_logs(run_storage, None)
@@ -574,8 +614,8 @@ def _train_synchronous(config, manifest, plan, run_dir, cluster, sink, hooks, ch
         lr_scaling=train_config.lr_scaling.value,
         steps_per_epoch=steps_per_epoch,
         total_steps=total_steps,
-        final_step=step,
-        final_loss=last_loss,
+        final_step=bounds.step,
+        final_loss=bounds.last_loss,
         checkpoint_dir=run_storage.checkpoint_dir,
         checkpoints=records,
         tensorboard_dir=run_storage.tensorboard_dir,
@@ -647,44 +687,16 @@ def _train_parameter_server(config, manifest, plan, run_dir, cluster, sink, hook
 
     evaluate = _Evaluator(model, manifest, config.model.task)
     progress = _Progress(True, tensorboard_dir, sink, global_batch, start_step)
-    step, last_loss, last_saved = start_step, float("nan"), start_step if start_step else -1
-
-    def save(at_step: int):
-        coordinator.join()
-        step_var.assign(at_step)
-
-        def measure():
-            metrics = evaluate()
-            progress.log_eval(at_step, metrics)
-            return metrics
-
-        record = store.save(at_step, metrics_fn=measure)
-        _publish(run_storage, progress, record, train_config.keep_checkpoints, best_metric, best_mode)
-        return record
+    bounds = _Boundaries(train_config, total_steps, start_step, global_batch, hooks, progress, optimizer, store,
+                         step_var, evaluate, run_storage, best_metric, best_mode, before_save=coordinator.join)
 
     try:
-        while step < total_steps:
-            to_log = train_config.log_every_steps - step % train_config.log_every_steps
-            to_save = train_config.checkpoint_every_steps - step % train_config.checkpoint_every_steps
-            count = min(total_steps - step, to_log, to_save)
+        while bounds.step < total_steps:
+            count = bounds.steps_to_next(total_steps)
             results = [coordinator.schedule(worker_fn, args=(per_worker_iterator,)) for _ in range(count)]
             coordinator.join()
-            losses = [float(r.fetch()) for r in results]
-            for offset, loss in enumerate(losses):
-                hooks.on_step_end(step + offset + 1, global_batch, loss)
-            step += count
-            last_loss = losses[-1]
-            if step % train_config.log_every_steps == 0 or step == total_steps:
-                progress.log(step, last_loss, _current_lr(optimizer))
-                _sync_logs(run_storage, progress)
-            if step % train_config.checkpoint_every_steps == 0 or step == total_steps:
-                save(step)
-                last_saved = step
-            if step < total_steps and hooks.stop_requested():
-                record = save(step) if last_saved != step else None
-                raise TrainingInterrupted(step, record.path if record else ckpt.prefix_for(checkpoint_dir, step))
-        if last_saved != step:
-            save(step)
+            bounds.after([float(r.fetch()) for r in results], hooks.stop_requested)
+        bounds.finish()
     finally:
         progress.close()
         _sync_logs(run_storage, None)
@@ -696,7 +708,7 @@ def _train_parameter_server(config, manifest, plan, run_dir, cluster, sink, hook
         scaled_learning_rate=strategies.scaled_learning_rate(
             train_config.base_learning_rate, train_config.lr_scaling, choice.num_replicas),
         lr_scaling=train_config.lr_scaling.value, steps_per_epoch=plan.steps_per_epoch, total_steps=total_steps,
-        final_step=step, final_loss=last_loss, checkpoint_dir=run_storage.checkpoint_dir,
+        final_step=bounds.step, final_loss=bounds.last_loss, checkpoint_dir=run_storage.checkpoint_dir,
         checkpoints=run_storage.checkpoint_records(), tensorboard_dir=run_storage.tensorboard_dir,
         examples_per_sec=progress.examples_per_sec, wall_s=time.perf_counter() - started, start_step=start_step,
     )

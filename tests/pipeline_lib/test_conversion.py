@@ -155,13 +155,14 @@ def test_parquet_row_groups_read_whole_ahead_or_batch_by_batch_give_the_same_sha
     total = _row_group_parquet(source, sizes)
     data = DataConfig(source=str(source), label="y", read_chunk_rows=32, target_shard_mb=0.002)
 
+    default_limit = conversion._WHOLE_ROW_GROUP_BYTES
     monkeypatch.setattr(conversion, "_WHOLE_ROW_GROUP_BYTES", 0)  # the reference: every group batch by batch
     reference = conversion.convert(data, str(tmp_path / "reference"))
 
     meta = pq.ParquetFile(source).metadata
     group_bytes = [sum(meta.row_group(g).column(c).total_uncompressed_size for c in range(meta.num_columns))
                    for g in range(meta.num_row_groups)]
-    limit = {"default": 128 << 20,
+    limit = {"default": default_limit,
              "mixed": sorted(group_bytes)[len(group_bytes) // 2], "none": 0}[whole_bytes]
     monkeypatch.setattr(conversion, "_WHOLE_ROW_GROUP_BYTES", limit)
     calls = {"whole": 0, "batches": 0}
@@ -180,7 +181,8 @@ def test_parquet_row_groups_read_whole_ahead_or_batch_by_batch_give_the_same_sha
     manifest = conversion.convert(data, str(tmp_path / whole_bytes))
     whole = sum(size <= limit for size in group_bytes)
     assert calls == {"whole": whole, "batches": len(sizes) - whole}
-    assert 0 < whole < len(sizes) if whole_bytes == "mixed" else True
+    if whole_bytes == "mixed":
+        assert 0 < whole < len(sizes)
     assert [(s.split, s.num_records, s.sha256) for s in manifest.shards] == \
         [(s.split, s.num_records, s.sha256) for s in reference.shards]
     assert len(manifest.shards) > 2
