@@ -23,7 +23,7 @@ from bench import case
 
 _MEMORY_PROBE = """
 import json, sys
-from pipeline_lib import conversion
+from pipeline_lib.data import conversion
 from pipeline_lib.config import DataConfig
 data = DataConfig(source=sys.argv[1], label="label", target_shard_mb=64)
 manifest = conversion.convert(data, sys.argv[2])
@@ -105,7 +105,7 @@ def fast_write_seconds(x: np.ndarray, label: np.ndarray, out_dir: str, num_shard
     sha256, fsync: durable, as conversion writes local shards), in slices of 65536 rows, one after the other: one thread,
     with each block's sha256 beside its file write as in conversion, and no overlap of encoding and writing.
     """
-    from pipeline_lib import encoding
+    from pipeline_lib.data import encoding
 
     os.makedirs(out_dir, exist_ok=True)
     per_shard = -(-len(x) // num_shards)
@@ -147,7 +147,7 @@ def raw_direct_write_seconds(payloads: list[bytes], out_dir: str) -> float:
     from an aligned buffer in 4 MiB blocks (`encoding._DirectFile`: one copy into the buffer, the padded tail
     cut off again, fsync). Printed beside the plain write: on this machine it is the faster way to the disk.
     """
-    from pipeline_lib import encoding
+    from pipeline_lib.data import encoding
 
     os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
@@ -168,7 +168,7 @@ def peak_memory_mb(source: str, output_root: str) -> tuple[float, int]:
 
 
 def _convert_seconds(data, output_root: str):
-    from pipeline_lib import conversion
+    from pipeline_lib.data import conversion
 
     shutil.rmtree(output_root, ignore_errors=True)  # a fresh output: no reuse of an earlier manifest
     start = time.perf_counter()
@@ -204,8 +204,8 @@ def run(rows: int = 2_000_000, width: int = 32, quick: bool = False, repeats: in
     is the part of convert() that depends on the source format, and Parquet's list decoding alone can take
     longer than the raw write of the output.
     """
-    from pipeline_lib import native
     from pipeline_lib.config import DataConfig
+    from pipeline_lib.core import native
 
     if quick:
         rows, repeats = min(rows, 20_000), 1

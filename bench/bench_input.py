@@ -22,11 +22,11 @@ BATCH_SIZES = (32, 256, 1024)
 
 def _write_records(path: str, rows: int, width: int, num_classes: int = 10):
     """`rows` Examples of `width` scalar float features f0.. and an int64 label, written with tfdag's bulk encoder:
-    the bytes `tf.io.TFRecordWriter` writes for them (tests/pipeline_lib/test_encoding.py checks that), at a rate that lets
+    the bytes `tf.io.TFRecordWriter` writes for them (tests/pipeline_lib/data/test_encoding.py checks that), at a rate that lets
     the bench use a million rows without a minutes-long per-row setup. Returns the records' byte layout, as
     conversion records it in the manifest (None if the chunks' layouts differ).
     """
-    from pipeline_lib import encoding
+    from pipeline_lib.data import encoding
 
     rng = np.random.default_rng(0)
     writer = encoding.TFRecordFileWriter(path)
@@ -45,7 +45,7 @@ def _write_records(path: str, rows: int, width: int, num_classes: int = 10):
 
 
 def _manifest(directory: str, width: int, rows: int, layout, num_classes: int = 10):
-    from pipeline_lib.manifest import (
+    from pipeline_lib.data.manifest import (
         FeatureSpec,
         Manifest,
         Schema,
@@ -78,7 +78,7 @@ def drain(dataset, rows_of) -> tuple[float, float]:
 def run(rows: int = 1_000_000, width: int = 32, quick: bool = False) -> list[dict]:
     import tensorflow as tf
 
-    from pipeline_lib import input_pipeline
+    from pipeline_lib.training import input_pipeline
 
     rows = min(rows, 50_000) if quick else rows
     repeats = 2 if quick else 3

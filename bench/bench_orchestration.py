@@ -1,7 +1,7 @@
 """Orchestration overhead: the whole `training-pipeline` flow (Prefect + MLflow) vs calling `train` directly.
 
 Both run the same config on the bundled digits (conversion done once beforehand and reused by both):
-- baseline: `pipeline_lib.training.train(config, manifest, plan, run_dir)` called in this process;
+- baseline: `pipeline_lib.training.loop.train(config, manifest, plan, run_dir)` called in this process;
 - value: `flows.pipeline.training_pipeline(config)` against a running Prefect server (started here on 127.0.0.1,
   as a deployment's flow runs see one): the storage check, conversion reuse, validation, planning, an MLflow run
   with per-step metrics, training in a supervised worker process (which imports TensorFlow itself),
@@ -28,8 +28,8 @@ QUICK_STEPS = 800
 
 
 def _config(root: str, steps: int):
-    from pipeline_lib import demo_data
     from pipeline_lib.config import parse_config
+    from pipeline_lib.data import demo as demo_data
 
     source = os.path.join(root, "raw", "digits.csv")
     demo_data.ensure_digits_csv(source)
@@ -81,16 +81,14 @@ def _timed(function, *args) -> tuple[float, object]:
 def run(rows: int = 0, width: int = 0, quick: bool = False) -> list[dict]:
     from pathlib import Path
 
-    from pipeline_lib import (
-        conversion,
-        runs,
-        sharding,
-        stack,
-        strategy,
-        training,
-        worker,
-    )
-    from pipeline_lib.training import TrainResult
+    from flows import stack
+    from pipeline_lib.core import runs
+    from pipeline_lib.data import conversion
+    from pipeline_lib.launch import worker
+    from pipeline_lib.planning import sharding
+    from pipeline_lib.training import loop as training
+    from pipeline_lib.training import strategy
+    from pipeline_lib.training.loop import TrainResult
 
     steps = QUICK_STEPS if quick else FULL_STEPS
     with tempfile.TemporaryDirectory() as root:

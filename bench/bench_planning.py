@@ -6,14 +6,14 @@ import random
 import time
 
 from bench import case
-from pipeline_lib.manifest import (
+from pipeline_lib.data.manifest import (
     FeatureSpec,
     Manifest,
     Schema,
     ShardInfo,
     SourceFingerprint,
 )
-from pipeline_lib.sharding import plan_shards
+from pipeline_lib.planning.sharding import plan_shards
 
 
 def synthetic_manifest(num_files: int, seed: int = 0) -> Manifest:

@@ -38,10 +38,10 @@ NUM_CLASSES = 10
 
 WORKER_SOURCE = r'''
 import json, os, sys, time
-from pipeline_lib import training
+from pipeline_lib.training import loop as training
 from pipeline_lib.config import parse_config
-from pipeline_lib.manifest import Manifest
-from pipeline_lib.sharding import ShardPlan
+from pipeline_lib.data.manifest import Manifest
+from pipeline_lib.planning.sharding import ShardPlan
 
 args = json.loads(sys.argv[1])
 
@@ -104,8 +104,8 @@ def steady_rate(times: dict[int, tuple[float, float]], warmup_steps: int, exampl
 
 
 def _custom_loop(manifest, batch: int, hidden: list[int], steps: int, spe: int, warmup: int) -> tuple[float, float]:
-    from pipeline_lib import training
-    from pipeline_lib.sharding import plan_shards
+    from pipeline_lib.planning.sharding import plan_shards
+    from pipeline_lib.training import loop as training
 
     class Clock(training.TrainHooks):
         def __init__(self):
@@ -126,8 +126,8 @@ def _custom_loop(manifest, batch: int, hidden: list[int], steps: int, spe: int, 
 def _keras_fit(manifest, batch: int, hidden: list[int], steps: int, warmup: int, spe: int = 1) -> tuple[float, float]:
     import keras
 
-    from pipeline_lib import input_pipeline, models
-    from pipeline_lib.training import epoch_seed
+    from pipeline_lib.training import input_pipeline, models
+    from pipeline_lib.training.loop import epoch_seed
 
     config = _config(batch, hidden, steps, spe)
 
@@ -194,7 +194,7 @@ def _run_processes(directory: str, args: dict, num_workers: int, timeout_s: floa
 
 def _multi_worker(directory: str, manifest, per_worker_batch: int, hidden: list[int], steps: int, warmup: int,
                   num_workers: int) -> tuple[float, float]:
-    from pipeline_lib.sharding import plan_shards
+    from pipeline_lib.planning.sharding import plan_shards
 
     strategy = "multi_worker_mirrored" if num_workers > 1 else "default"
     batch = per_worker_batch if num_workers > 1 else per_worker_batch * 2

@@ -34,7 +34,7 @@ def _load(path: str | None):
 
 
 def _prepare_demo_data(config) -> None:
-    from pipeline_lib import demo_data
+    from pipeline_lib.data import demo as demo_data
 
     demo_data.ensure_demo_source(config.data)
 
@@ -60,7 +60,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from pipeline_lib import conversion
+    from pipeline_lib.data import conversion
 
     config = _load(args.config)
     _prepare_demo_data(config)
@@ -77,7 +77,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from pipeline_lib import conversion, sharding, strategy
+    from pipeline_lib.data import conversion
+    from pipeline_lib.planning import sharding
+    from pipeline_lib.training import strategy
 
     config = _load(args.config)
     _prepare_demo_data(config)
@@ -89,7 +91,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from pipeline_lib import cluster
+    from pipeline_lib.cluster import validation as cluster
 
     report = cluster.validate_cluster(_load(args.config))
     print(report.to_markdown())
@@ -97,7 +99,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_validate_cluster(args: argparse.Namespace) -> int:
-    from pipeline_lib import preflight
+    from pipeline_lib.cluster import preflight
 
     return preflight.run_validate_cluster(
         tf_config=args.tf_config,
@@ -110,7 +112,11 @@ def cmd_validate_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from pipeline_lib import conversion, launcher, runs, sharding, strategy
+    from pipeline_lib.core import runs
+    from pipeline_lib.data import conversion
+    from pipeline_lib.launch import local as launcher
+    from pipeline_lib.planning import sharding
+    from pipeline_lib.training import strategy
 
     config = _load(args.config)
     _prepare_demo_data(config)
@@ -123,7 +129,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from pipeline_lib import conversion, evaluation
+    from pipeline_lib.data import conversion
+    from pipeline_lib.evaluation import metrics as evaluation
 
     config = _load(args.config)
     manifest = conversion.convert(config.data, config.output_root, config.storage_options)
@@ -133,36 +140,36 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from pipeline_lib import worker
+    from pipeline_lib.launch import worker
 
     code = worker.worker_main(["--spec", args.spec])
     # TensorFlow's gRPC and collective threads can hang interpreter shutdown; leave at once, as
-    # `python -m pipeline_lib.worker` does.
+    # `python -m pipeline_lib.launch.worker` does.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
 def cmd_demo_data(args: argparse.Namespace) -> int:
-    from pipeline_lib import demo_data
+    from pipeline_lib.data import demo as demo_data
 
     print(demo_data.write_digits_csv(args.uri))
     return 0
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
-    from pipeline_lib import stack
+    from flows import stack
 
     return stack.stack_command(args.action, root=args.root, out=sys.stdout)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by the input (config, data, cluster, storage): printed as one clear message, exit 2."""
-    from pipeline_lib.cluster import ClusterConfigError
+    from pipeline_lib.cluster.validation import ClusterConfigError
     from pipeline_lib.config import ConfigError
-    from pipeline_lib.conversion import ConversionError
-    from pipeline_lib.sharding import PlanError
-    from pipeline_lib.storage import StorageError
+    from pipeline_lib.core.storage import StorageError
+    from pipeline_lib.data.conversion import ConversionError
+    from pipeline_lib.planning.sharding import PlanError
 
     return (ConfigError, ConversionError, PlanError, ClusterConfigError, StorageError)
 

@@ -9,8 +9,12 @@ from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, ConfigDict
 
-from pipeline_lib import demo_data, runs, sharding, storage, strategy, tracking
 from pipeline_lib.config import PipelineConfig, resolve_config
+from pipeline_lib.core import runs, storage
+from pipeline_lib.data import demo as demo_data
+from pipeline_lib.planning import sharding
+from pipeline_lib.tracking import mlflow_run as tracking
+from pipeline_lib.training import strategy
 from tasks import stages
 
 DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "examples" / "digits.yaml")

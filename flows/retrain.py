@@ -7,14 +7,22 @@ import tempfile
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger, runtime, task
-from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_table_artifact,
+)
 from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows.pipeline import DEFAULT_CONFIG, PipelineSummary, run_pipeline
-from pipeline_lib import conversion, demo_data, evaluation, registry, storage
 from pipeline_lib.config import ConfigError, PipelineConfig, resolve_config
-from pipeline_lib.manifest import SourceFingerprint, load_manifest
+from pipeline_lib.core import storage
+from pipeline_lib.data import conversion
+from pipeline_lib.data import demo as demo_data
+from pipeline_lib.data.manifest import SourceFingerprint, load_manifest
+from pipeline_lib.evaluation import metrics as evaluation
+from pipeline_lib.tracking import registry
 from tasks.stages import _key
 
 RETRAIN_RUN_TAG = "tfdag.retrain_flow_run_id"

@@ -6,13 +6,23 @@ import json
 from typing import Any
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_table_artifact,
+)
 
-from pipeline_lib import cluster as cluster_lib
-from pipeline_lib import consolidation, conversion, evaluation, launcher, sharding, storage, tracking
+from pipeline_lib.cluster import validation as cluster_lib
 from pipeline_lib.config import PipelineConfig
-from pipeline_lib.manifest import Manifest
-from pipeline_lib.training import TrainResult
+from pipeline_lib.core import storage
+from pipeline_lib.data import conversion
+from pipeline_lib.data.manifest import Manifest
+from pipeline_lib.evaluation import consolidation
+from pipeline_lib.evaluation import metrics as evaluation
+from pipeline_lib.launch import local as launcher
+from pipeline_lib.planning import sharding
+from pipeline_lib.tracking import mlflow_run as tracking
+from pipeline_lib.training.loop import TrainResult
 
 
 def _key(text: str) -> str:

@@ -18,7 +18,7 @@ tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
 )
 
-from pipeline_lib.manifest import (
+from pipeline_lib.data.manifest import (
     DType,
     FeatureSpec,
     Manifest,
@@ -26,7 +26,7 @@ from pipeline_lib.manifest import (
     ShardInfo,
     SourceFingerprint,
 )
-from pipeline_lib.sharding import AutoShardPolicy, ShardPlan, WorkerAssignment
+from pipeline_lib.planning.sharding import AutoShardPolicy, ShardPlan, WorkerAssignment
 
 NUM_CLASSES = 3
 

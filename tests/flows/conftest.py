@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline_lib import demo_data, stack
+from flows import stack
+from pipeline_lib.data import demo as demo_data
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_NAME = "digits-retrain-test"
@@ -121,8 +122,8 @@ class RetrainScenario:
 
     def source_fingerprint(self) -> str:
         """The source fingerprint as the retrain flow computes it (and the manifest records it)."""
-        from pipeline_lib import conversion
         from pipeline_lib.config import load_config
+        from pipeline_lib.data import conversion
 
         return conversion.source_fingerprint(load_config(self.config_path).data).sha256
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline_lib import stack
+from flows import stack
 from tests.flows.conftest import ROOT, prefect_cli
 
 PREFECT_YAML = ROOT / "deployments" / "prefect.yaml"

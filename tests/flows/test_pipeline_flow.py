@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline_lib import demo_data
 from pipeline_lib.config import parse_config
+from pipeline_lib.data import demo as demo_data
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,13 +74,13 @@ def test_training_pipeline_end_to_end(tmp_path, prefect_api):
 
     export_dir = Path(summary.export_dir)
     reloaded = keras.saving.load_model(export_dir / "model.keras")
-    from pipeline_lib.input_pipeline import create_dataset
-    from pipeline_lib.manifest import load_manifest
+    from pipeline_lib.data.manifest import load_manifest
+    from pipeline_lib.training.input_pipeline import create_dataset
 
     manifest = load_manifest(str(Path(config.output_root) / "data" / summary.data_fingerprint))
     inputs, _labels = next(iter(create_dataset(manifest, "eval", 16)))
     expected = np.asarray(reloaded.predict(inputs, verbose=0))
-    from pipeline_lib.tracking import _global_uri
+    from pipeline_lib.tracking.mlflow_run import _global_uri
 
     with _global_uri(config.mlflow_uri):  # scoped: a process-wide URI would redirect later tests
         served = mlflow.pyfunc.load_model(f"models:/digits-flow-test/{summary.model_version}")
@@ -121,7 +121,7 @@ def test_a_failed_stage_leaves_a_markdown_artifact_naming_it(tmp_path, prefect_a
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     from flows.pipeline import training_pipeline
-    from pipeline_lib.sharding import PlanError
+    from pipeline_lib.planning.sharding import PlanError
 
     data = digits_config(tmp_path, strategy="default", cpu_replicas=None, per_replica_batch_size=100_000)
     data["name"] = "digits-failing-plan"

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from pipeline_lib import registry
+from pipeline_lib.tracking import registry
 from tests.flows.conftest import FIRST_APPEND, INITIAL_ROWS, MODEL_NAME, worker_log_tail
 
 pytestmark = pytest.mark.slow

@@ -12,9 +12,16 @@ import numpy as np
 import psutil
 
 from pipeline_lib.config import PipelineConfig, parse_config
-from pipeline_lib.manifest import DType, FeatureSpec, Manifest, Schema, ShardInfo, SourceFingerprint
-from pipeline_lib.sharding import AutoShardPolicy, ShardPlan
-from pipeline_lib.worker import WorkerSpec
+from pipeline_lib.data.manifest import (
+    DType,
+    FeatureSpec,
+    Manifest,
+    Schema,
+    ShardInfo,
+    SourceFingerprint,
+)
+from pipeline_lib.launch.worker import WorkerSpec
+from pipeline_lib.planning.sharding import AutoShardPolicy, ShardPlan
 from tests.conftest import make_plan, write_dataset
 
 
@@ -116,7 +123,7 @@ def assert_no_orphans(timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         alive = [p for p in psutil.Process().children(recursive=True)
-                 if _is_running(p) and "pipeline_lib.worker" in " ".join(_cmdline(p))]
+                 if _is_running(p) and "pipeline_lib.launch.worker" in " ".join(_cmdline(p))]
         if not alive or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -129,7 +136,7 @@ def worker_processes_anywhere(marker: str) -> list[psutil.Process]:
     for proc in psutil.process_iter(["pid", "cmdline"]):
         try:
             cmd = " ".join(proc.info["cmdline"] or [])
-            if "pipeline_lib.worker" in cmd and marker in cmd and _is_running(proc):
+            if "pipeline_lib.launch.worker" in cmd and marker in cmd and _is_running(proc):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

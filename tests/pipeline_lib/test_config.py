@@ -3,7 +3,14 @@
 import pytest
 import yaml
 
-from pipeline_lib.config import ConfigError, LrScaling, PipelineConfig, Strategy, load_config, resolve_config
+from pipeline_lib.config import (
+    ConfigError,
+    LrScaling,
+    PipelineConfig,
+    Strategy,
+    load_config,
+    resolve_config,
+)
 
 MINIMAL = {"data": {"source": "./raw/*.csv", "label": "y"}}
 

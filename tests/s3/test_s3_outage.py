@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from pipeline_lib import storage
 from pipeline_lib.config import parse_config
+from pipeline_lib.core import storage
 from tests.s3.conftest import BUCKET
 
 pytestmark = pytest.mark.slow
 
-conversion = pytest.importorskip("pipeline_lib.conversion")
-demo_data = pytest.importorskip("pipeline_lib.demo_data")
+conversion = pytest.importorskip("pipeline_lib.data.conversion")
+demo_data = pytest.importorskip("pipeline_lib.data.demo")
 
 ROOT = f"s3://{BUCKET}/outage"
 # The S3 client fails fast here (one attempt per request, below), so the conversion attempt in flight
@@ -78,7 +78,7 @@ def _config(tmp_path):
 
 def test_conversion_retries_through_an_outage_and_publishes_a_complete_set(s3, tmp_path, prefect_harness,
                                                                            monkeypatch):
-    from pipeline_lib.manifest import load_manifest
+    from pipeline_lib.data.manifest import load_manifest
     from tasks import stages
 
     # botocore's own retries (up to ~15 s of backoff per request) would otherwise ride out the outage.

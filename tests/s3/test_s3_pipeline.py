@@ -9,8 +9,11 @@ import os
 
 import pytest
 
-from pipeline_lib import checkpoints, publish, staging, storage
+from pipeline_lib.checkpoints import publish
+from pipeline_lib.checkpoints import store as checkpoints
 from pipeline_lib.config import parse_config
+from pipeline_lib.core import storage
+from pipeline_lib.training import staging
 from tests.conftest import make_plan, write_dataset
 from tests.s3.conftest import ACCESS_KEY, BUCKET, SECRET_KEY
 
@@ -102,7 +105,7 @@ def test_secrets_in_storage_options_are_redacted():
 
 @pytest.mark.slow
 def test_training_on_s3_stages_publishes_and_resumes(s3, tmp_path, monkeypatch, caplog):
-    from pipeline_lib import training
+    from pipeline_lib.training import loop as training
 
     caplog.set_level(logging.INFO)
     manifest = _upload_dataset(s3, tmp_path)
@@ -162,7 +165,8 @@ def test_training_on_s3_stages_publishes_and_resumes(s3, tmp_path, monkeypatch, 
     assert again.start_step == again.final_step == 6
 
     # Consolidation of the remote run: the chosen checkpoint is downloaded verified, the export goes to S3.
-    from pipeline_lib import consolidation, evaluation
+    from pipeline_lib.evaluation import consolidation
+    from pipeline_lib.evaluation import metrics as evaluation
 
     local_records = tuple(publish.localize_checkpoint(r, config.storage_options) for r in result.checkpoints)
     assert all(checkpoints.verify(r.path) is None for r in local_records)
@@ -185,8 +189,8 @@ def test_training_on_s3_stages_publishes_and_resumes(s3, tmp_path, monkeypatch, 
 
 @pytest.mark.slow
 def test_file_policy_workers_stage_only_their_shards_from_s3(s3, tmp_path):
-    from pipeline_lib.cluster import ClusterInfo
-    from pipeline_lib.sharding import AutoShardPolicy
+    from pipeline_lib.cluster.validation import ClusterInfo
+    from pipeline_lib.planning.sharding import AutoShardPolicy
 
     manifest = _upload_dataset(s3, tmp_path, num_train_shards=4)
     plan = make_plan(manifest, num_workers=2, per_replica_batch_size=16, policy=AutoShardPolicy.FILE)
@@ -203,22 +207,22 @@ def test_file_policy_workers_stage_only_their_shards_from_s3(s3, tmp_path):
 
 # ---------------------------------------------------------------- the whole pipeline (once its stages exist)
 
-_HAVE_CONVERSION = importlib.util.find_spec("pipeline_lib.conversion") is not None
-_HAVE_DEMO_DATA = importlib.util.find_spec("pipeline_lib.demo_data") is not None
+_HAVE_CONVERSION = importlib.util.find_spec("pipeline_lib.data.conversion") is not None
+_HAVE_DEMO_DATA = importlib.util.find_spec("pipeline_lib.data.demo") is not None
 
 
 def _flow_runs_end_to_end() -> bool:
     """The lead's flow calls launcher.launch_training; until that exists the stages are tested one by one."""
-    from pipeline_lib import launcher
+    from pipeline_lib.launch import local as launcher
 
     return _HAVE_CONVERSION and _HAVE_DEMO_DATA and hasattr(launcher, "launch_training")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _HAVE_CONVERSION, reason="pipeline_lib.conversion is not written yet")
+@pytest.mark.skipif(not _HAVE_CONVERSION, reason="pipeline_lib.data.conversion is not written yet")
 def test_conversion_writes_shards_and_manifest_to_s3(s3, tmp_path):
-    from pipeline_lib import conversion
-    from pipeline_lib.manifest import load_manifest
+    from pipeline_lib.data import conversion
+    from pipeline_lib.data.manifest import load_manifest
 
     lines = ["f1,f2,label"] + [f"{i % 7},{(i * 3) % 5},{i % 2}" for i in range(400)]
     s3.fs.pipe_file(f"{BUCKET}/raw/rows.csv", ("\n".join(lines) + "\n").encode())
@@ -244,7 +248,7 @@ def test_digits_pipeline_runs_with_every_uri_on_s3(s3, tmp_path, monkeypatch, pr
     from prefect.client.orchestration import get_client
 
     from flows.pipeline import training_pipeline
-    from pipeline_lib import demo_data
+    from pipeline_lib.data import demo as demo_data
 
     caplog.set_level(logging.INFO)
     example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "digits_s3.yaml")
@@ -289,9 +293,9 @@ def test_digits_pipeline_runs_with_every_uri_on_s3(s3, tmp_path, monkeypatch, pr
 @pytest.mark.slow
 def test_two_launched_workers_train_from_and_publish_to_s3(s3, tmp_path):
     """Real worker processes: each stages only its FILE-policy shards; the chief alone publishes."""
-    from pipeline_lib import launcher
-    from pipeline_lib.sharding import AutoShardPolicy
-    from pipeline_lib.worker import WorkerSpec
+    from pipeline_lib.launch import local as launcher
+    from pipeline_lib.launch.worker import WorkerSpec
+    from pipeline_lib.planning.sharding import AutoShardPolicy
 
     manifest = _upload_dataset(s3, tmp_path, num_train_shards=4)
     s3.fs.pipe_file(f"{manifest.dataset_uri.removeprefix('s3://')}/manifest.json", manifest.to_json().encode())

@@ -1,0 +1,19 @@
+"""The conversion's optional C loops (`_native.c`): TFRecord payload CRCs and the split hash.
+
+`module` is the compiled extension, or None where it was not built (no compiler at install time); callers then
+take their pure-Python path, which writes the same bytes. Tests set `module = None` to exercise that path.
+"""
+
+from __future__ import annotations
+
+try:
+    from pipeline_lib.core import _native as module
+except ImportError:  # pragma: no cover - only where the optional extension was not built
+    module = None
+
+
+def describe() -> str:
+    """One line for logs and benchmarks: which loops conversion runs."""
+    if module is None:
+        return "pure Python (the _native extension is not built)"
+    return "C (_native), " + ("hardware CRC32C" if module.hardware_crc else "table CRC32C")

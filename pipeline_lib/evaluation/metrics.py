@@ -1,0 +1,325 @@
+"""Evaluation of a trained model on the eval split: loss, accuracy, AUC, MAE, RMSE, a confusion matrix, the gate."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+from pydantic import BaseModel, ConfigDict
+
+from pipeline_lib.config import Direction, GateConfig, PipelineConfig, Task
+from pipeline_lib.core import storage
+from pipeline_lib.core.errors import TfdagError
+from pipeline_lib.data.manifest import Manifest
+from pipeline_lib.training import input_pipeline, staging
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZE = 256
+CLASSIFICATION_METRICS = ("loss", "accuracy", "auc")
+REGRESSION_METRICS = ("loss", "mae", "rmse")
+# Metrics where a smaller value is better, whatever the gate's direction says.
+_LOWER_IS_BETTER = {"loss", "mae", "rmse"}
+
+
+class EvaluationError(TfdagError, RuntimeError):
+    """The model cannot be evaluated or gated; the message names the value, its source and the fix."""
+
+
+class GateResult(BaseModel):
+    """Whether an evaluation reaches `evaluation.gate.threshold` on `evaluation.gate.metric`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    metric: str
+    value: float | None
+    threshold: float | None
+    direction: str  # "max" or "min"
+    passed: bool
+    reason: str
+
+
+class EvalReport(BaseModel):
+    """Metrics of one model on one split."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    task: str  # Task value
+    split: str = "eval"
+    metrics: dict[str, float]
+    confusion_matrix: list[list[int]] | None = None  # rows: true class, columns: predicted class
+    class_names: list[str] | None = None
+    num_examples: int
+    model_path: str | None = None
+    gate: GateResult | None = None
+
+    @property
+    def gate_passed(self) -> bool | None:
+        """The gate's verdict, or None when no gate was applied."""
+        return None if self.gate is None else self.gate.passed
+
+    def to_json(self) -> str:
+        """The report as indented JSON (NaN metrics become null)."""
+        payload = self.model_dump(mode="json")
+        payload["metrics"] = {k: (None if math.isnan(v) else v) for k, v in self.metrics.items()}
+        return json.dumps(payload, indent=2, sort_keys=True)
+
+    def to_markdown(self) -> str:
+        """A metrics table, the gate's verdict and the confusion matrix, as Markdown."""
+        lines = [f"# Evaluation on the {self.split} split", "",
+                 f"{self.num_examples} examples, task {self.task}"
+                 + (f", model `{self.model_path}`" if self.model_path else ""), "",
+                 "| metric | value |", "|---|---|"]
+        lines += [f"| {name} | {value:.4f} |" for name, value in self.metrics.items()]
+        if self.gate is not None:
+            verdict = "passed" if self.gate.passed else "FAILED"
+            lines += ["", f"**Gate {verdict}:** {self.gate.reason}"]
+        if self.confusion_matrix is not None:
+            names = self.class_names or [str(i) for i in range(len(self.confusion_matrix))]
+            lines += ["", "## Confusion matrix (rows: true, columns: predicted)", "",
+                      "| true \\ predicted | " + " | ".join(names) + " |",
+                      "|---|" + "---|" * len(names)]
+            lines += [f"| **{names[i]}** | " + " | ".join(str(c) for c in row) + " |"
+                      for i, row in enumerate(self.confusion_matrix)]
+        return "\n".join(lines) + "\n"
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+
+def _average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks with ties given their average rank (what the Mann-Whitney AUC needs)."""
+    order = np.argsort(values, kind="mergesort")
+    sorted_values = values[order]
+    ranks = np.empty(len(values), dtype=np.float64)
+    # Boundaries of runs of equal values.
+    starts = np.flatnonzero(np.r_[True, sorted_values[1:] != sorted_values[:-1]])
+    ends = np.r_[starts[1:], len(values)]
+    for start, end in zip(starts, ends):
+        ranks[order[start:end]] = (start + end + 1) / 2.0
+    return ranks
+
+
+def binary_auc(is_positive: np.ndarray, scores: np.ndarray) -> float:
+    """ROC AUC of scores for a binary target (ties count one half); NaN when one class is absent."""
+    is_positive = np.asarray(is_positive, dtype=bool)
+    num_pos = int(is_positive.sum())
+    num_neg = len(is_positive) - num_pos
+    if num_pos == 0 or num_neg == 0:
+        return float("nan")
+    ranks = _average_ranks(np.asarray(scores, dtype=np.float64))
+    return float((ranks[is_positive].sum() - num_pos * (num_pos + 1) / 2.0) / (num_pos * num_neg))
+
+
+def classification_metrics(labels: np.ndarray, logits: np.ndarray) -> tuple[dict[str, float], list[list[int]]]:
+    """Loss, accuracy, AUC and the confusion matrix from integer labels and logits.
+
+    AUC is the ROC AUC of class 1's probability for two classes and the unweighted mean of the
+    one-vs-rest AUCs of every class present (with negatives) for more.
+
+    Args:
+        labels: int class indices, shape [n].
+        logits: float scores, shape [n, num_classes].
+
+    Returns:
+        (metrics {"loss", "accuracy", "auc"}, confusion matrix [num_classes][num_classes]).
+
+    Raises:
+        EvaluationError: when a label is outside 0..num_classes-1.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    logits = np.asarray(logits, dtype=np.float64)
+    num_classes = logits.shape[1]
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise EvaluationError(
+            f"eval labels span {int(labels.min())}..{int(labels.max())} but the model outputs {num_classes} "
+            f"classes; set model.num_classes to the number of label values and retrain"
+        )
+    log_probs = _log_softmax(logits)
+    loss = float(-log_probs[np.arange(len(labels)), labels].mean())
+    predicted = logits.argmax(axis=1)
+    accuracy = float((predicted == labels).mean())
+    probs = np.exp(log_probs)
+    if num_classes == 2:
+        auc = binary_auc(labels == 1, probs[:, 1])
+    else:
+        per_class = [binary_auc(labels == c, probs[:, c]) for c in range(num_classes)]
+        present = [a for a in per_class if not math.isnan(a)]
+        auc = float(np.mean(present)) if present else float("nan")
+    matrix = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(matrix, (labels, predicted), 1)
+    return {"loss": loss, "accuracy": accuracy, "auc": auc}, matrix.tolist()
+
+
+def regression_metrics(targets: np.ndarray, predictions: np.ndarray) -> dict[str, float]:
+    """Loss (mean squared error, the training loss), MAE and RMSE."""
+    errors = np.asarray(predictions, dtype=np.float64).reshape(-1) - np.asarray(targets, dtype=np.float64)
+    mse = float(np.mean(errors ** 2))
+    return {"loss": mse, "mae": float(np.mean(np.abs(errors))), "rmse": math.sqrt(mse)}
+
+
+def predict_split(model: keras.Model, manifest: Manifest, task: Task, *, split: str = "eval",
+                  batch_size: int = DEFAULT_BATCH_SIZE) -> tuple[np.ndarray, np.ndarray]:
+    """Labels and model outputs over a whole split, read in batches.
+
+    Returns:
+        (labels [n], outputs [n, units]) as numpy arrays.
+
+    Raises:
+        EvaluationError: when the split has no records.
+    """
+    if manifest.num_records(split) == 0:
+        raise EvaluationError(
+            f"the {split!r} split of {manifest.dataset_uri} has no records; raise data.split.eval_fraction "
+            "or add data so the split is not empty"
+        )
+    is_classification = task == Task.CLASSIFICATION
+    dataset = input_pipeline.create_dataset(manifest, split, batch_size, is_classification=is_classification)
+
+    @tf.function
+    def forward(inputs):
+        return tf.cast(model(inputs, training=False), tf.float32)
+
+    labels, outputs = [], []
+    for inputs, batch_labels in dataset:
+        outputs.append(forward(inputs).numpy())
+        labels.append(batch_labels.numpy())
+    return np.concatenate(labels), np.concatenate(outputs)
+
+
+def evaluate_model(model: keras.Model, manifest: Manifest, task: Task | str, *, split: str = "eval",
+                   batch_size: int = DEFAULT_BATCH_SIZE, model_path: str | None = None) -> EvalReport:
+    """Score an in-memory model on a split of the manifest (the retrain flow scores its champion so).
+
+    Args:
+        model: a keras.Model taking `create_dataset`'s inputs dict and returning logits (or 1 unit for regression).
+        manifest: the dataset manifest.
+        task: classification or regression.
+        split: the split to read.
+        batch_size: records per batch.
+        model_path: where the model came from, for the report.
+
+    Returns:
+        The EvalReport, without a gate verdict.
+
+    Raises:
+        EvaluationError: when the split is empty or the labels do not fit the model's outputs.
+    """
+    task = Task(task)
+    labels, outputs = predict_split(model, manifest, task, split=split, batch_size=batch_size)
+    class_names = None
+    if task == Task.CLASSIFICATION:
+        if outputs.shape[1] < 2:
+            raise EvaluationError(
+                f"model.task is classification but the model has {outputs.shape[1]} output unit; a "
+                "classifier needs one logit per class (model.num_classes ≥ 2)"
+            )
+        metrics, matrix = classification_metrics(labels, outputs)
+        vocabulary = manifest.feature_schema.label_vocabulary
+        if vocabulary and len(vocabulary) == outputs.shape[1]:
+            class_names = list(vocabulary)
+    else:
+        metrics, matrix = regression_metrics(labels, outputs), None
+    logger.info("evaluation on %d %s examples: %s", len(labels), split,
+                ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+    return EvalReport(task=task.value, split=split, metrics=metrics, confusion_matrix=matrix,
+                      class_names=class_names, num_examples=len(labels), model_path=model_path)
+
+
+def load_model(model_path: str, storage_options: dict[str, Any] | None = None) -> keras.Model:
+    """Load a `.keras` file from a local path or any fsspec URI (copied to a temporary file first).
+
+    Raises:
+        EvaluationError: when the file does not exist.
+    """
+    fs, path = storage.get_fs(model_path, storage_options)
+    if not fs.exists(path):
+        raise EvaluationError(
+            f"model file {model_path!r} does not exist; pass the keras_path of a consolidation export "
+            "(<run_dir>/export/model.keras)"
+        )
+    if storage.is_local(model_path):
+        return keras.saving.load_model(storage.local_path(model_path), compile=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        local = os.path.join(tmp, "model.keras")
+        fs.get_file(path, local)
+        return keras.saving.load_model(local, compile=False)
+
+
+def gate(report: EvalReport, gate_config: GateConfig) -> GateResult:
+    """Check a report against `evaluation.gate.threshold` (no threshold: the gate passes).
+
+    The direction is the gate's, except for loss, mae and rmse, where lower is always better.
+
+    Raises:
+        EvaluationError: when a threshold is set on a metric the report does not have.
+    """
+    metric = gate_config.metric
+    direction = Direction.MIN if metric in _LOWER_IS_BETTER else gate_config.direction
+    value = report.metrics.get(metric)
+    threshold = gate_config.threshold
+    if threshold is None:
+        return GateResult(metric=metric, value=value, threshold=None, direction=direction.value, passed=True,
+                          reason=f"no evaluation.gate.threshold set; {metric} = {_fmt(value)}")
+    if value is None:
+        raise EvaluationError(
+            f"evaluation.gate.metric ({metric!r}) is not among the {report.task} metrics "
+            f"{sorted(report.metrics)}; choose one of those"
+        )
+    if math.isnan(value):
+        passed = False
+    else:
+        passed = value >= threshold if direction == Direction.MAX else value <= threshold
+    relation = "≥" if direction == Direction.MAX else "≤"
+    reason = f"{metric} = {_fmt(value)}, needs {relation} {threshold:g}"
+    return GateResult(metric=metric, value=value, threshold=threshold, direction=direction.value, passed=passed,
+                      reason=reason)
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, *,
+             batch_size: int = DEFAULT_BATCH_SIZE) -> EvalReport:
+    """Evaluate an exported `.keras` model on the eval split and apply the configured gate.
+
+    Every metric of the task is computed (classification: loss, accuracy, auc and the confusion matrix;
+    regression: loss, mae, rmse); `evaluation.metrics` entries that do not apply to the task are warned about.
+
+    Args:
+        config: the pipeline config (model.task, evaluation.gate).
+        manifest: the dataset manifest.
+        model_path: the `.keras` file (local path or fsspec URI).
+        batch_size: records per batch.
+
+    Returns:
+        The EvalReport with its gate verdict.
+
+    Raises:
+        EvaluationError: when the model is missing, the eval split is empty, or the gate names a missing metric.
+    """
+    task = config.model.task
+    applicable = set(CLASSIFICATION_METRICS if task == Task.CLASSIFICATION else REGRESSION_METRICS)
+    if task == Task.CLASSIFICATION:
+        applicable.add("confusion_matrix")
+    extra = [m for m in config.evaluation.metrics if m not in applicable]
+    if extra:
+        logger.warning("evaluation.metrics %s do not apply to %s; reporting %s", extra, task.value,
+                       sorted(applicable))
+    model = load_model(model_path, config.storage_options)
+    manifest = staging.stage_split(manifest, "eval", storage_options=config.storage_options)
+    report = evaluate_model(model, manifest, task, batch_size=batch_size, model_path=model_path)
+    verdict = gate(report, config.evaluation.gate)
+    if not verdict.passed:
+        logger.warning("evaluation gate failed: %s", verdict.reason)
+    return report.model_copy(update={"gate": verdict})

@@ -1,0 +1,214 @@
+"""Keras 3 model factories: the built-in MLP and CNN, and any `package.module:function` factory."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+from pipeline_lib.config import ModelConfig, Task
+from pipeline_lib.core.errors import UserError
+from pipeline_lib.training.input_pipeline import (
+    NUMERIC_KEY,
+    feature_width,
+    input_signature,
+    string_features,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HASH_BINS = 1000
+DEFAULT_EMBEDDING_DIM = 8
+
+
+class ModelFactoryError(UserError, ValueError):
+    """A model factory cannot be imported, called or returns something that is not a keras.Model."""
+
+
+def num_outputs(model_config: ModelConfig, schema) -> int:
+    """Output units: num_classes logits for classification, 1 for regression.
+
+    Raises:
+        ModelFactoryError: for classification when neither the config nor the schema gives num_classes.
+    """
+    if model_config.task == Task.REGRESSION:
+        return 1
+    classes = model_config.num_classes or schema.num_classes
+    if classes is None and schema.label_vocabulary:
+        classes = len(schema.label_vocabulary)
+    if classes is None:
+        raise ModelFactoryError(
+            f"model.task is classification but neither model.num_classes nor the data schema gives the number "
+            f"of classes of label {schema.label.name!r}; set model.num_classes"
+        )
+    return int(classes)
+
+
+def create_inputs(schema) -> dict[str, keras.KerasTensor]:
+    """Keras Input tensors matching `input_pipeline.create_dataset`'s inputs dict."""
+    return {
+        name: keras.Input(shape=spec.shape[1:], dtype=spec.dtype.name, name=name)
+        for name, spec in input_signature(schema).items()
+    }
+
+
+def embed_strings(inputs: dict[str, Any], schema, params: dict[str, Any]) -> list[Any]:
+    """Hash + Embedding of each string feature, flattened: one tensor per string feature."""
+    bins = int(params.get("hash_bins", DEFAULT_HASH_BINS))
+    dim = int(params.get("embedding_dim", DEFAULT_EMBEDDING_DIM))
+    outputs = []
+    for spec in string_features(schema):
+        hashed = keras.layers.Hashing(num_bins=bins, name=f"{spec.name}_hash")(inputs[spec.name])
+        embedded = keras.layers.Embedding(bins, dim, name=f"{spec.name}_embedding")(hashed)
+        outputs.append(keras.layers.Flatten(name=f"{spec.name}_flat")(embedded))
+    return outputs
+
+
+def _head(x, units: int):
+    # float32 logits even under the mixed_float16 policy, for a numerically stable loss.
+    return keras.layers.Dense(units, dtype="float32", name="logits")(x)
+
+
+def create_mlp(schema, num_outputs: int, hidden_units=(128, 64), dropout: float = 0.0,
+               activation: str = "relu", **params: Any) -> keras.Model:
+    """A multilayer perceptron over the numeric vector and the string embeddings.
+
+    Args:
+        schema: the data schema.
+        num_outputs: output units.
+        hidden_units: widths of the hidden Dense layers.
+        dropout: dropout rate after each hidden layer (0: none).
+        activation: hidden activation.
+        **params: `hash_bins`, `embedding_dim` for string features.
+
+    Returns:
+        A functional keras.Model from the inputs dict to logits.
+    """
+    inputs = create_inputs(schema)
+    parts = [inputs[NUMERIC_KEY]] if NUMERIC_KEY in inputs else []
+    parts += embed_strings(inputs, schema, params)
+    if not parts:
+        raise ModelFactoryError("the schema has no features; the MLP needs at least one input")
+    x = parts[0] if len(parts) == 1 else keras.layers.Concatenate(name="features")(parts)
+    for i, units in enumerate(hidden_units):
+        x = keras.layers.Dense(int(units), activation=activation, name=f"dense_{i}")(x)
+        if dropout:
+            x = keras.layers.Dropout(float(dropout), name=f"dropout_{i}")(x)
+    return keras.Model(inputs, _head(x, num_outputs), name="mlp")
+
+
+def create_cnn(schema, num_outputs: int, image_shape=None, filters=(16, 32), kernel_size: int = 3,
+               dense_units: int = 64, activation: str = "relu", dropout: float = 0.0, **params: Any) -> keras.Model:
+    """A small CNN: the numeric vector reshaped to `image_shape`, Conv2D blocks, then Dense.
+
+    Args:
+        schema: the data schema.
+        num_outputs: output units.
+        image_shape: `[height, width, channels]` whose product is the numeric feature width.
+        filters: channels of each Conv2D block.
+        kernel_size: Conv2D kernel size.
+        dense_units: width of the Dense layer after the convolutions.
+        activation: activation of every hidden layer.
+        dropout: dropout before the head (0: none).
+        **params: `hash_bins`, `embedding_dim` for string features.
+
+    Raises:
+        ModelFactoryError: when image_shape is missing or does not match the feature width.
+    """
+    width = feature_width(schema)
+    if image_shape is None:
+        side = round(width ** 0.5)
+        if side * side != width:
+            raise ModelFactoryError(
+                f"model.params.image_shape is required for the cnn factory: the numeric width {width} is not a "
+                "square; set e.g. image_shape: [h, w, 1] with h*w*1 == width"
+            )
+        image_shape = (side, side, 1)
+    image_shape = tuple(int(d) for d in image_shape)
+    size = 1
+    for dim in image_shape:
+        size *= dim
+    if size != width:
+        raise ModelFactoryError(
+            f"model.params.image_shape {list(image_shape)} holds {size} values but the numeric features are "
+            f"{width} wide; choose a shape whose product is {width}"
+        )
+    inputs = create_inputs(schema)
+    x = keras.layers.Reshape(image_shape, name="image")(inputs[NUMERIC_KEY])
+    for i, channels in enumerate(filters):
+        x = keras.layers.Conv2D(int(channels), int(kernel_size), padding="same", activation=activation,
+                                name=f"conv_{i}")(x)
+        if min(x.shape[1], x.shape[2]) >= 2:
+            x = keras.layers.MaxPooling2D(2, name=f"pool_{i}")(x)
+    x = keras.layers.Flatten(name="flatten")(x)
+    strings = embed_strings(inputs, schema, params)
+    if strings:
+        x = keras.layers.Concatenate(name="features")([x, *strings])
+    x = keras.layers.Dense(int(dense_units), activation=activation, name="dense")(x)
+    if dropout:
+        x = keras.layers.Dropout(float(dropout), name="dropout")(x)
+    return keras.Model(inputs, _head(x, num_outputs), name="cnn")
+
+
+BUILTINS: dict[str, Callable[..., keras.Model]] = {"mlp": create_mlp, "cnn": create_cnn}
+
+
+def import_factory(factory: str) -> Callable[..., keras.Model]:
+    """Import `package.module:function`.
+
+    Raises:
+        ModelFactoryError: naming the factory when the module or function cannot be found.
+    """
+    module_name, _, function_name = factory.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ModelFactoryError(
+            f"model.factory {factory!r}: cannot import module {module_name!r} ({error}); install the package "
+            "or put it on PYTHONPATH, or use a built-in factory ('mlp', 'cnn')"
+        ) from error
+    fn = getattr(module, function_name, None)
+    if fn is None or not callable(fn):
+        raise ModelFactoryError(
+            f"model.factory {factory!r}: module {module_name!r} has no function {function_name!r}; "
+            "define it as fn(schema, num_outputs, **params) -> keras.Model"
+        )
+    return fn
+
+
+def create_model(model_config: ModelConfig, schema) -> keras.Model:
+    """Build the Keras 3 model named by `model.factory` for this schema.
+
+    Custom factories are called as `fn(schema=schema, num_outputs=n, **model.params)`.
+
+    Args:
+        model_config: the `model` config section.
+        schema: the data schema (from the manifest).
+
+    Returns:
+        A keras.Model taking the inputs dict of `create_dataset` and returning logits
+        (num_classes wide for classification, 1 wide for regression).
+
+    Raises:
+        ModelFactoryError: when the factory cannot be imported, rejects its params, or returns no keras.Model.
+    """
+    outputs = num_outputs(model_config, schema)
+    params = dict(model_config.params)
+    fn = BUILTINS.get(model_config.factory) or import_factory(model_config.factory)
+    try:
+        model = fn(schema=schema, num_outputs=outputs, **params)
+    except TypeError as error:
+        raise ModelFactoryError(
+            f"model.factory {model_config.factory!r} rejected model.params {sorted(params)}: {error}; "
+            "check the parameter names against the factory's signature"
+        ) from error
+    if not isinstance(model, keras.Model):
+        raise ModelFactoryError(
+            f"model.factory {model_config.factory!r} returned {type(model).__name__}, not a keras.Model; "
+            "return a Keras 3 model"
+        )
+    logger.info("model %s: %d parameters, %d outputs", model.name, model.count_params(), outputs)
+    return model

@@ -1,0 +1,265 @@
+"""Tests for pipeline_lib.cluster.validation: every TF_CONFIG rule, env masking and the single-machine cluster report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from pipeline_lib.cluster.validation import (
+    TF_CONFIG_RULES,
+    ClusterConfigError,
+    ClusterInfo,
+    ClusterReport,
+    check_tf_config,
+    cluster_from_env,
+    mask_env,
+    relevant_env,
+    split_address,
+    validate_cluster,
+    validate_tf_config,
+)
+from pipeline_lib.config import Strategy, parse_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MWMS = Strategy.MULTI_WORKER_MIRRORED
+PS = Strategy.PARAMETER_SERVER
+HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
+
+
+def tf_config(cluster, task_type="worker", index=0) -> str:
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+
+
+TWO_WORKERS = {"worker": ["host-a:2222", "host-b:2222"]}
+
+# (rule, TF_CONFIG text, strategy, substrings of the rule's message)
+FAILING = [
+    ("not_json", '{"cluster": ', MWMS, ["TF_CONFIG is not valid JSON", "'{\"cluster\": '", '"cluster": {"worker"']),
+    ("not_json", "[1, 2]", MWMS, ["holds a JSON list, not an object", "'cluster' and 'task' keys"]),
+    ("missing_cluster", json.dumps({"task": {"type": "worker", "index": 0}}), MWMS,
+     ["has no 'cluster' key (keys: ['task'])", "listing every task"]),
+    ("missing_cluster", json.dumps({"cluster": ["a:1"], "task": {"type": "worker", "index": 0}}), MWMS,
+     ["'cluster' is [\"a:1\"], not an object"]),
+    ("missing_task", json.dumps({"cluster": TWO_WORKERS}), MWMS, ["has no 'task' key", '"task": {"type": "worker"']),
+    ("missing_task", json.dumps({"cluster": TWO_WORKERS, "task": {"type": "worker"}}), MWMS,
+     ["lacks 'index'"]),
+    ("unknown_job", tf_config({**TWO_WORKERS, "master": ["host-m:1"]}), MWMS,
+     ["TF_CONFIG of worker 0 lists an unknown job 'master'", "allowed jobs are chief, worker, ps, evaluator"]),
+    ("empty_job", tf_config({**TWO_WORKERS, "chief": []}), MWMS, ["cluster.chief is an empty list"]),
+    ("empty_job", tf_config({**TWO_WORKERS, "chief": "host-c:1"}), MWMS,
+     ["cluster.chief is \"host-c:1\", not a list of addresses"]),
+    ("address_without_port", tf_config({"worker": ["host-a:2222", "host-b"]}), MWMS,
+     ["TF_CONFIG of worker 0: cluster.worker[1] 'host-b' has no port", "'host-b:2222'"]),
+    ("address_without_port", tf_config({"worker": ["host-a:2222", ":2223"]}), MWMS,
+     ["cluster.worker[1] ':2223' has no host"]),
+    ("address_without_port", tf_config({"worker": ["host-a:2222", 2223]}), MWMS,
+     ["cluster.worker[1] is 2223, not a 'host:port' string"]),
+    ("port_not_numeric", tf_config({"worker": ["host-a:2222", "host-b:grpc"]}), MWMS,
+     ["cluster.worker[1] 'host-b:grpc' has port 'grpc', not a number", "'host-b:2222'"]),
+    ("port_out_of_range", tf_config({"worker": ["host-a:0", "host-b:2222"]}), MWMS,
+     ["cluster.worker[0] 'host-a:0' has port 0, outside 1..65535"]),
+    ("port_out_of_range", tf_config({"worker": ["host-a:2222", "host-b:70000"]}), MWMS,
+     ["'host-b:70000' has port 70000, outside 1..65535"]),
+    ("duplicate_address", tf_config({"chief": ["host-a:2222"], "worker": ["host-a:2222", "host-b:2222"]}), MWMS,
+     ["cluster.worker[0] and cluster.chief[0] both use 'host-a:2222'", "its own host:port"]),
+    ("task_type_not_in_cluster", tf_config(TWO_WORKERS, task_type="chief"), MWMS,
+     ["task.type 'chief' is not a job of the cluster (jobs: ['worker'])", "add cluster.chief"]),
+    ("task_index_not_integer", tf_config(TWO_WORKERS, index="1"), MWMS,
+     ["task.index of 'worker' is '1' (str), not an integer", '"index": 0']),
+    ("task_index_not_integer", tf_config(TWO_WORKERS, index=1.0), MWMS, ["is 1.0 (float), not an integer"]),
+    ("task_index_negative", tf_config(TWO_WORKERS, index=-1), MWMS,
+     ["task.index of 'worker' is -1; indices count from 0"]),
+    ("task_index_out_of_range", tf_config(TWO_WORKERS, index=2), MWMS,
+     ["TF_CONFIG of worker 2: task.index 2 is out of range: cluster.worker has 2 task(s) (indices 0..1)"]),
+    ("multiple_chiefs", tf_config({"chief": ["host-c:1", "host-d:1"], **TWO_WORKERS}), MWMS,
+     ["cluster.chief lists 2 tasks ['host-c:1', 'host-d:1']", "at most one chief"]),
+    ("multiple_evaluators", tf_config({**TWO_WORKERS, "evaluator": ["host-e:1", "host-f:1"]}), MWMS,
+     ["cluster.evaluator lists 2 tasks", "one evaluator"]),
+    ("ps_without_ps_job", tf_config({"chief": ["host-c:1"], **TWO_WORKERS}), PS,
+     ["strategy 'parameter_server' but the cluster has no 'ps' job (jobs: ['chief', 'worker'])", "add cluster.ps"]),
+    ("ps_without_coordinator", tf_config({**TWO_WORKERS, "ps": ["host-p:1"]}), PS,
+     ["needs a coordinator, but the cluster has no 'chief' job", "add cluster.chief"]),
+    ("ps_without_workers", tf_config({"chief": ["host-c:1"], "ps": ["host-p:1"]}, task_type="chief"), PS,
+     ["needs at least one 'worker' task"]),
+    ("ps_under_multi_worker_mirrored", tf_config({**TWO_WORKERS, "ps": ["host-p:1"]}), MWMS,
+     ["cluster.ps lists 1 parameter server(s) but strategy 'multi_worker_mirrored'", "choose strategy 'parameter_server'"]),
+    ("single_task_multi_worker", tf_config({"worker": ["host-a:2222"]}), MWMS,
+     ["strategy 'multi_worker_mirrored' but the cluster has a single training task", "use strategy 'mirrored'"]),
+    ("tf_config_with_local_strategy", tf_config(TWO_WORKERS), Strategy.DEFAULT,
+     ["TF_CONFIG of worker 0 is set but strategy 'default' trains on this machine only", "unset TF_CONFIG"]),
+    ("tf_config_with_local_strategy", tf_config(TWO_WORKERS), Strategy.MIRRORED, ["strategy 'mirrored'"]),
+]
+
+
+@pytest.mark.parametrize("rule, text, strategy, expected", FAILING,
+                         ids=[f"{case[0]}-{i}" for i, case in enumerate(FAILING)])
+def test_each_rule_rejects_its_input_with_its_own_message(rule, text, strategy, expected):
+    findings = check_tf_config(text, strategy)
+    matching = [f for f in findings if f.rule == rule]
+    assert matching, f"rule {rule} did not fire; findings: {findings}"
+    for part in expected:
+        assert any(part in f.message for f in matching), (part, [f.message for f in matching])
+    expected_level = "warning" if rule == "tf_config_with_local_strategy" else "error"
+    assert {f.level for f in matching} == {expected_level}
+
+
+def test_at_least_fifteen_rules_and_every_one_is_tested():
+    names = {rule.__name__.removeprefix("rule_") for rule in TF_CONFIG_RULES} | {"not_json"}
+    assert len(names) >= 15
+    assert names == {case[0] for case in FAILING}
+
+
+VALID = [
+    (tf_config(TWO_WORKERS, index=1), MWMS),
+    (tf_config({"chief": ["host-c:2222"], **TWO_WORKERS}, task_type="chief"), MWMS),
+    (tf_config({"chief": ["host-c:1"], **TWO_WORKERS, "ps": ["host-p:1", "host-q:1"]}, task_type="ps", index=1), PS),
+    (tf_config({"chief": ["host-c:1"], **TWO_WORKERS, "ps": ["host-p:1"]}), Strategy.AUTO),
+    (tf_config({"worker": ["[::1]:2222", "[::1]:2223"]}), "multi_worker_mirrored"),
+    (tf_config({**TWO_WORKERS, "evaluator": ["host-e:1"]}, task_type="evaluator"), MWMS),
+    (tf_config({"worker": ["host-a:2222"]}), Strategy.AUTO),
+]
+
+
+@pytest.mark.parametrize("text, strategy", VALID)
+def test_valid_configs_pass(text, strategy):
+    assert check_tf_config(text, strategy) == []
+    assert validate_tf_config(text, strategy) == []
+
+
+def test_auto_with_ps_job_gets_the_parameter_server_rules():
+    findings = check_tf_config(tf_config({**TWO_WORKERS, "ps": ["host-p:1"]}), Strategy.AUTO)
+    assert [f.rule for f in findings] == ["ps_without_coordinator"]
+
+
+def test_validate_tf_config_raises_listing_every_error_and_returns_warnings():
+    text = tf_config({"worker": ["host-a", "host-a:0"], "master": ["m:1"]}, index=5)
+    with pytest.raises(ClusterConfigError) as error:
+        validate_tf_config(text, MWMS, source="tf_config.json")
+    message = str(error.value)
+    assert message.startswith("tf_config.json has 4 error(s)")
+    for rule in ("unknown_job", "address_without_port", "port_out_of_range", "task_index_out_of_range"):
+        assert f"[{rule}]" in message
+    assert "tf_config.json of worker 5" in message
+    assert {f.rule for f in error.value.findings} >= {"unknown_job", "task_index_out_of_range"}
+    warnings = validate_tf_config(tf_config(TWO_WORKERS), Strategy.DEFAULT)
+    assert [w.rule for w in warnings] == ["tf_config_with_local_strategy"]
+
+
+def test_unknown_strategy_is_rejected():
+    with pytest.raises(ClusterConfigError, match=r"--strategy \('mwms'\) is not a strategy; use one of auto"):
+        check_tf_config(tf_config(TWO_WORKERS), "mwms")
+
+
+def test_split_address():
+    assert split_address("host:22") == ("host", "22")
+    assert split_address("[::1]:22") == ("::1", "22")
+    assert split_address("host") == ("host", None)
+
+
+def test_mask_env_masks_secret_names_only():
+    env = {"AWS_SECRET_ACCESS_KEY": "s3cr3t", "TF_API_TOKEN": "tok", "DB_PASSWORD": "pw", "my_key": "k",
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    masked = mask_env(env)
+    assert masked == {"AWS_SECRET_ACCESS_KEY": "***", "TF_API_TOKEN": "***", "DB_PASSWORD": "***", "my_key": "***",
+                      "TF_CPP_MIN_LOG_LEVEL": "2"}
+    assert env["TF_API_TOKEN"] == "tok"  # a copy
+    picked = relevant_env({"TF_API_TOKEN": "tok", "XLA_FLAGS": "--xla_dump_to=/tmp", "HOME": "/root",
+                           "TF_CONFIG": "{}"})
+    assert picked == {"TF_API_TOKEN": "***", "TF_CONFIG": "{}", "XLA_FLAGS": "--xla_dump_to=/tmp"}
+
+
+def make_config(**train):
+    return parse_config({"data": {"source": "rows.csv", "label": "y"}, "train": train})
+
+
+def test_validate_cluster_reports_versions_devices_and_masked_env():
+    environ = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_SERVICE_TOKEN": "abc123", "XLA_FLAGS": "--xla_foo", "PATH": "/bin"}
+    report = validate_cluster(make_config(), environ)
+    assert isinstance(report, ClusterReport)
+    assert report.strategy == "auto" and not report.tf_config_set and report.findings == ()
+    assert report.versions["tensorflow"] == tf.__version__
+    assert set(report.versions) >= {"python", "tensorflow", "keras", "protobuf", "numpy", "tfdag", "prefect"}
+    assert report.devices["CPU"] == tuple(d.name for d in tf.config.list_physical_devices("CPU"))
+    assert report.env == {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_SERVICE_TOKEN": "***", "XLA_FLAGS": "--xla_foo"}
+    assert "cuda_version" in report.tf_build
+    text = report.to_json()
+    assert "abc123" not in text and "abc123" not in report.to_markdown()
+    assert ClusterReport.model_validate_json(text) == report
+    markdown = report.to_markdown()
+    assert f"| tensorflow | {tf.__version__} |" in markdown and "No findings" in markdown
+
+
+@pytest.mark.skipif(HAS_GPU, reason="needs a machine without GPUs")
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_gpu_strategy_without_gpus_is_an_error_unless_cpu_replicas(strategy):
+    with pytest.raises(ClusterConfigError) as error:
+        validate_cluster(make_config(strategy=strategy), {})
+    assert f"train.strategy '{strategy}' asks for GPUs but this machine has none visible" in str(error.value)
+    assert "train.cpu_replicas" in str(error.value)
+    assert error.value.report is not None and error.value.report.errors[0].rule == "no_gpu_for_strategy"
+    assert validate_cluster(make_config(strategy=strategy, cpu_replicas=2), {}).errors == ()
+
+
+def test_tpu_without_an_address_is_an_error():
+    with pytest.raises(ClusterConfigError, match=r"train.strategy 'tpu' but no TPU device is visible and none of "
+                                                 r"TPU_NAME"):
+        validate_cluster(make_config(strategy="tpu"), {})
+    assert validate_cluster(make_config(strategy="tpu"), {"TPU_NAME": "my-tpu"}).errors == ()
+
+
+def test_parameter_server_without_servers_or_tf_config():
+    with pytest.raises(ClusterConfigError, match=r"train.parameter_servers ≥ 1"):
+        validate_cluster(make_config(strategy="parameter_server"), {})
+    report = validate_cluster(make_config(strategy="multi_worker_mirrored"), {})
+    assert [f.rule for f in report.warnings] == ["multi_worker_single_worker"]
+
+
+def test_tf_config_is_checked_and_must_match_train_workers():
+    environ = {"TF_CONFIG": tf_config({"worker": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]}, index=2)}
+    with pytest.raises(ClusterConfigError) as error:
+        validate_cluster(make_config(strategy="multi_worker_mirrored", workers=2), environ)
+    assert "TF_CONFIG of worker 2 lists 3 chief+worker task(s) but train.workers is 2" in str(error.value)
+    report = validate_cluster(make_config(strategy="multi_worker_mirrored", workers=3), environ)
+    assert report.tf_config_set and report.task == "worker 2" and report.num_workers == 3
+    assert report.cluster["worker"] == ("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
+    bad = {"TF_CONFIG": tf_config({"worker": ["127.0.0.1:1"]}, index=4)}
+    with pytest.raises(ClusterConfigError, match=r"task_index_out_of_range"):
+        validate_cluster(make_config(strategy="multi_worker_mirrored"), bad)
+
+
+def test_parameter_server_counts_are_compared_per_job():
+    cluster = {"chief": ["h:1"], "worker": ["h:2", "h:3"], "ps": ["h:4"]}
+    environ = {"TF_CONFIG": tf_config(cluster, task_type="chief")}
+    report = validate_cluster(make_config(strategy="parameter_server", workers=2, parameter_servers=1), environ)
+    assert report.errors == () and report.task == "chief 0"
+    with pytest.raises(ClusterConfigError, match=r"lists 1 ps task\(s\) but train.parameter_servers is 2"):
+        validate_cluster(make_config(strategy="parameter_server", workers=2, parameter_servers=2), environ)
+
+
+def test_cluster_info_round_trips_through_tf_config():
+    info = cluster_from_env({"TF_CONFIG": tf_config(TWO_WORKERS, index=1)})
+    assert info == ClusterInfo(task_type="worker", task_index=1, cluster={"worker": ("host-a:2222", "host-b:2222")})
+    assert check_tf_config(info.to_tf_config(), MWMS) == []
+
+
+def test_validate_cluster_leaves_logical_devices_configurable():
+    code = (
+        "from pipeline_lib.cluster.validation import validate_cluster\n"
+        "from pipeline_lib.config import parse_config\n"
+        "import tensorflow as tf\n"
+        "validate_cluster(parse_config({'data': {'source': 'x.csv', 'label': 'y'}}), {})\n"
+        "cpu = tf.config.list_physical_devices('CPU')[0]\n"
+        "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)\n"
+        "print(len(tf.config.list_logical_devices('CPU')))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("TF_CONFIG", None)
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "2"

@@ -1,0 +1,181 @@
+"""The C loops (`_native.c`) give the bytes and hashes of the pure-Python path, and local shards are durable."""
+
+from __future__ import annotations
+
+import os
+
+import crc32c
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline_lib.config import DataConfig
+from pipeline_lib.core import native
+from pipeline_lib.data import conversion, encoding
+from tests.pipeline_lib.data.test_encoding import _columns
+
+
+@pytest.fixture
+def built():
+    """The extension module; the project's install builds it (gcc is on every machine we test on)."""
+    assert native.module is not None, "pipeline_lib.core._native is not built: reinstall with a C compiler (make install)"
+    return native.module
+
+
+def _pure_python(monkeypatch):
+    monkeypatch.setattr(native, "module", None)
+
+
+@pytest.mark.parametrize("hardware", [True, False])
+def test_crc32c_matches_the_reference_library_with_and_without_the_cpu_instruction(built, hardware):
+    previous = built.use_hardware(hardware)
+    try:
+        rng = np.random.default_rng(1)
+        for size in [0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 1000, 4099]:
+            data = rng.integers(0, 256, size=size, dtype=np.uint8).tobytes()
+            assert built.crc32c(data) == crc32c.crc32c(data), size
+    finally:
+        built.use_hardware(previous)
+
+
+@pytest.mark.parametrize("num_rows", [1, 37, 9000])
+def test_native_framing_writes_the_bytes_of_the_python_loop(built, monkeypatch, num_rows):
+    columns = _columns(num_rows)
+    fixed = {"small_int": columns["small_int"], "float_vec": columns["float_vec"], "float": columns["float"]}
+    native_ragged, native_fixed = encoding.encode_tfrecords(columns), encoding.encode_tfrecords(fixed)
+    _pure_python(monkeypatch)
+    python_ragged, python_fixed = encoding.encode_tfrecords(columns), encoding.encode_tfrecords(fixed)
+    assert np.array_equal(native_fixed.offsets, python_fixed.offsets)
+    assert bytes(native_fixed.view()) == bytes(python_fixed.view())
+    assert np.array_equal(native_ragged.offsets, python_ragged.offsets)
+    assert bytes(native_ragged.view()) == bytes(python_ragged.view())
+
+
+@pytest.mark.parametrize("num_rows", [1, 37, 9000])
+def test_encoding_in_a_given_row_order_writes_the_records_of_those_rows_with_and_without_the_extension(
+        built, monkeypatch, num_rows):
+    columns = _columns(num_rows, seed=5)
+    fixed = {"small_int": columns["small_int"], "float_vec": columns["float_vec"], "float": columns["float"]}
+    rng = np.random.default_rng(num_rows)
+    order = np.concatenate([rng.permutation(num_rows), rng.integers(0, num_rows, size=5)])  # repeats allowed
+    results = []
+    for use_native in (True, False):
+        if not use_native:
+            _pure_python(monkeypatch)
+        for cols in (fixed, columns):
+            whole, ordered = encoding.encode_tfrecords(cols), encoding.encode_tfrecords(cols, order=order)
+            assert ordered.records() == [whole.record(i) for i in order.tolist()]
+            results.append(bytes(ordered.view()))
+    assert results[:2] == results[2:]
+
+
+def test_native_framing_rejects_buffers_that_are_not_records(built):
+    template = np.zeros(20, dtype=np.uint8)
+    column = np.zeros((5, 4), dtype=np.uint8)
+    with pytest.raises(ValueError, match="not a whole number"):
+        built.frame_rows(np.zeros(30, dtype=np.uint8), template, [(12, column)], None)
+    with pytest.raises(ValueError, match="not a framed record"):
+        built.frame_offsets(np.zeros(100, dtype=np.uint8), np.array([0, 10], dtype=np.int64))
+    with pytest.raises(TypeError, match="writable"):
+        built.frame_rows(b"\0" * 100, template, [(12, column)], None)
+    out = np.zeros(100, dtype=np.uint8)
+    with pytest.raises(ValueError, match="outside the payload"):
+        built.frame_rows(out, template, [(14, column)], None)  # 14 + 4 > 20 - 4
+    with pytest.raises(ValueError, match="contiguous rows"):
+        built.frame_rows(out, template, [(12, np.zeros((5, 8), dtype=np.uint8)[:, ::2])], None)
+    with pytest.raises(IndexError, match="order\\[2\\] = 5"):
+        built.frame_rows(out, template, [(12, column)], np.array([0, 1, 5, 2, 3], dtype=np.int64))
+    with pytest.raises(ValueError, match="6 rows for 5 output records"):
+        built.frame_rows(out, template, [(12, np.zeros((6, 4), dtype=np.uint8))], None)
+    with pytest.raises(IndexError, match="outside 0..4"):
+        encoding.encode_tfrecords({"a": np.arange(5)}, order=np.array([5]))
+
+
+def test_native_split_hash_equals_the_numpy_loop(built, monkeypatch):
+    columns = _columns(5000, seed=3)
+    values = {name: columns[name] for name in ("small_int", "int", "float", "float_vec", "int_vec", "string")}
+    odd = np.random.default_rng(0).normal(size=(5000, 3)).astype(np.float32)  # an odd float32 width: one word each
+    values["odd"] = odd
+    with_native = conversion.split_hash(values, seed=11)
+    _pure_python(monkeypatch)
+    assert np.array_equal(with_native, conversion.split_hash(values, seed=11))
+    assert not np.array_equal(with_native, conversion.split_hash(values, seed=12))
+
+
+def test_conversion_writes_identical_shards_with_and_without_the_extension(built, tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    import pyarrow as pa
+
+    x = rng.normal(size=(3000, 5)).astype(np.float32)
+    table = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 5),
+                      "n": rng.integers(-1000, 1000, size=3000), "label": rng.integers(0, 3, size=3000)})
+    source = tmp_path / "rows.parquet"
+    pq.write_table(table, source)
+    data = DataConfig(source=str(source), label="label", target_shard_mb=0.05)
+    fast = conversion.convert(data, str(tmp_path / "native"))
+    _pure_python(monkeypatch)
+    slow = conversion.convert(data, str(tmp_path / "python"))
+    assert [(s.path, s.num_records, s.sha256) for s in fast.shards] == [
+        (s.path, s.num_records, s.sha256) for s in slow.shards
+    ]
+    assert len(fast.shards) > 2
+
+
+def test_local_shards_and_their_directories_are_fsynced_before_the_manifest(tmp_path, monkeypatch):
+    """A crash after manifest.json lands must not leave it naming a short shard: every shard file, the
+    directories that received them, and then the manifest are fsynced, in that order (a spy on os.fsync)."""
+    events: list[str] = []
+    real_fsync = os.fsync
+
+    def spy(fd):
+        events.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    rng = np.random.default_rng(0)
+    source = tmp_path / "rows.npz"
+    np.savez(source, x=rng.normal(size=(4000, 8)).astype(np.float32), label=rng.integers(0, 2, size=4000))
+    manifest = conversion.convert(DataConfig(source=str(source), label="label", target_shard_mb=0.1),
+                                  str(tmp_path / "out"))
+    dataset_dir = os.path.join(str(tmp_path / "out"), "data", manifest.fingerprint)
+    shard_syncs = [i for i, path in enumerate(events) if "/.staging-" in path and "/part-" in path]
+    assert len(shard_syncs) == len(manifest.shards) >= 3
+    manifest_sync = next(i for i, path in enumerate(events) if path.endswith(".json.tmp-" + str(os.getpid()))
+                         and "manifest" in path)
+    directory_syncs = [i for i, path in enumerate(events) if path in (os.path.join(dataset_dir, "train"),
+                                                                       os.path.join(dataset_dir, "eval"))]
+    assert len(directory_syncs) == 2
+    assert max(shard_syncs) < min(directory_syncs) < manifest_sync
+
+
+def test_durable_writes_hand_each_large_block_to_the_device_as_it_is_written(built, tmp_path, monkeypatch):
+    """start_writeback (sync_file_range) is a hint: the test checks it is asked for exactly the blocks written.
+
+    It is the plain (direct=False) durable path: durable files are written with O_DIRECT by default.
+    """
+    calls = []
+    real = built.start_writeback
+
+    def spy(fd, offset, nbytes):
+        calls.append((offset, nbytes))
+        return real(fd, offset, nbytes)
+
+    monkeypatch.setattr(built, "start_writeback", spy)
+    rng = np.random.default_rng(6)
+    framed = encoding.encode_tfrecords({"x": rng.normal(size=(40_000, 16)).astype(np.float32)})
+    cut = 15_000
+    for durable in (True, False):
+        calls.clear()
+        path = tmp_path / f"durable-{durable}.tfrecord"
+        writer = encoding.TFRecordFileWriter(str(path), durable=durable, direct=False)
+        writer.write(framed, 0, 3)  # small: no hint
+        writer.write(framed, 3, cut)
+        writer.write(framed, cut)
+        writer.close()
+        assert path.read_bytes() == framed.view().tobytes()
+        small, first = framed.num_bytes(0, 3), framed.num_bytes(3, cut)
+        assert calls == ([(small, first), (small + first, framed.num_bytes(cut))] if durable else [])
+    with open(tmp_path / "durable-True.tfrecord", "rb") as handle:
+        assert built.start_writeback(handle.fileno(), 0, 0) is None
+        with pytest.raises(ValueError, match="must not be negative"):
+            built.start_writeback(handle.fileno(), -1, 10)

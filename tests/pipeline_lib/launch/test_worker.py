@@ -1,0 +1,137 @@
+"""The worker entry point: spec round trip, heartbeats, SIGTERM as a stop request, exit codes of a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from pipeline_lib.cluster.validation import ClusterInfo
+from pipeline_lib.config import parse_config
+from pipeline_lib.launch import worker
+from pipeline_lib.launch.worker import (
+    PREEMPTION_EXIT_CODE,
+    Heartbeat,
+    WorkerHooks,
+    WorkerSpec,
+    load_spec,
+)
+from pipeline_lib.training.loop import TrainResult
+from tests.pipeline_lib.launch_support import (
+    make_config,
+    make_spec,
+    plan_for,
+    write_dataset_on_disk,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_dataset_on_disk(str(tmp_path_factory.mktemp("worker_data")), num_train=256, num_eval=64)
+
+
+def test_spec_round_trips_through_json(tmp_path, dataset):
+    config = make_config(str(tmp_path))
+    spec = make_spec(config, dataset, plan_for(dataset, config, steps=4), str(tmp_path / "run"))
+    path = tmp_path / "spec.json"
+    path.write_text(spec.model_dump_json())
+    loaded = load_spec(str(path))
+    assert loaded == spec
+    assert loaded.pipeline_config() == config
+    with pytest.raises(ValidationError, match="frozen"):
+        spec.run_dir = "elsewhere"
+
+
+def test_heartbeat_writes_at_most_every_interval(tmp_path):
+    cluster = ClusterInfo(task_type="worker", task_index=1, cluster={"worker": ("a:1", "b:2")})
+    beat = Heartbeat(str(tmp_path), cluster, interval_s=3600)
+    beat.beat(1, 32, force=True)
+    beat.beat(2, 32)  # inside the interval: not written
+    content = json.loads((tmp_path / "worker-1.json").read_text())
+    assert content["step"] == 1 and content["task"] == "worker 1" and content["pid"] == os.getpid()
+    beat.beat(3, 32, force=True)
+    content = worker.read_heartbeat(str(tmp_path / "worker-1.json"))
+    assert content["step"] == 3 and content["examples"] == 96
+    assert worker.read_heartbeat(str(tmp_path / "missing.json")) is None
+
+
+def test_sigterm_becomes_a_stop_request():
+    hooks = WorkerHooks(heartbeat=None, injector=None)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        hooks.install_sigterm()
+        assert not hooks.stop_requested()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert hooks.stop_requested()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_server_tasks_only_under_parameter_server(tmp_path):
+    ps_config = make_config(str(tmp_path), strategy="parameter_server", workers=2, parameter_servers=1)
+    cluster = {"chief": ("h:1",), "worker": ("h:2", "h:3"), "ps": ("h:4",)}
+    assert worker.is_server_task(ps_config, ClusterInfo(task_type="ps", task_index=0, cluster=cluster))
+    assert worker.is_server_task(ps_config, ClusterInfo(task_type="worker", task_index=1, cluster=cluster))
+    assert not worker.is_server_task(ps_config, ClusterInfo(task_type="chief", task_index=0, cluster=cluster))
+    mwms = make_config(str(tmp_path), workers=2)
+    assert not worker.is_server_task(mwms, ClusterInfo(task_type="worker", task_index=1,
+                                                       cluster={"worker": ("h:1", "h:2")}))
+
+
+def test_a_bad_spec_prints_the_traceback_and_exits_1(tmp_path, capsys):
+    code = worker.worker_main(["--spec", str(tmp_path / "missing.json")])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "missing.json" in err
+
+
+def _run_worker(spec: WorkerSpec, tmp_path, env: dict | None = None) -> subprocess.CompletedProcess:
+    path = tmp_path / "spec.json"
+    path.write_text(spec.model_dump_json())
+    environ = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFDAG_FAULT")}
+    environ.update(env or {})
+    return subprocess.run([sys.executable, "-m", "pipeline_lib.launch.worker", "--spec", str(path)], cwd=ROOT,
+                          env=environ, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.slow
+def test_single_worker_process_trains_and_writes_result(tmp_path, dataset):
+    config = make_config(str(tmp_path))
+    run_dir = str(tmp_path / "run")
+    spec = make_spec(config, dataset, plan_for(dataset, config, steps=12), run_dir)
+    done = _run_worker(spec, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = TrainResult.model_validate_json((tmp_path / "run" / "result.json").read_text())
+    assert result.final_step == 12 and result.is_chief and result.start_step == 0
+    assert [c.step for c in result.checkpoints] == [10, 12]
+    beat = worker.read_heartbeat(os.path.join(spec.heartbeat_dir, "worker-0.json"))
+    assert beat["step"] == 12 and beat["examples"] == 12 * 32
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_exits_with_the_preemption_code(tmp_path, dataset):
+    config = make_config(str(tmp_path), checkpoint_every_steps=100)
+    run_dir = str(tmp_path / "run")
+    spec = make_spec(config, dataset, plan_for(dataset, config, steps=30), run_dir)
+    done = _run_worker(spec, tmp_path, env={"TFDAG_FAULT": "term:worker=0:step=7"})
+    assert done.returncode == PREEMPTION_EXIT_CODE, done.stderr[-3000:]
+    assert "preempted at step 7" in done.stdout
+    manifest = json.loads((tmp_path / "run" / "checkpoints" / "ckpt-7.manifest.json").read_text())
+    assert manifest["step"] == 7
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
+def test_config_in_spec_is_validated(tmp_path, dataset):
+    config = make_config(str(tmp_path))
+    spec = make_spec(config, dataset, plan_for(dataset, config, steps=4), str(tmp_path / "run"))
+    bad = spec.model_copy(update={"config": {**spec.config, "train": {"workers": 0}}})
+    with pytest.raises(ValueError, match="train.workers"):
+        bad.pipeline_config()
+    assert parse_config(spec.config) == config

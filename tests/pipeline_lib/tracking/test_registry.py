@@ -1,0 +1,249 @@
+"""Champion/challenger logic: source fingerprints, the promotion rule, aliases and tags on a real MLflow registry."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pipeline_lib.config import (
+    ConfigError,
+    DataConfig,
+    Direction,
+    GateConfig,
+    ModelConfig,
+    parse_config,
+)
+from pipeline_lib.data import conversion
+from pipeline_lib.data.manifest import SourceFile, SourceFingerprint
+from pipeline_lib.tracking import registry
+
+# --- the source fingerprint the retrain flow compares ---------------------------------------------------------
+
+def _data(source: str) -> DataConfig:
+    return DataConfig(source=source, format="csv", label="b")
+
+
+def test_source_fingerprint_is_stable_and_changes_when_rows_are_appended(tmp_path):
+    """What the retrain flow compares: conversion's listing fingerprint, before any conversion runs."""
+    source = tmp_path / "raw.csv"
+    source.write_text("a,b\n1,2\n")
+    first = conversion.source_fingerprint(_data(str(source)))
+    assert first == conversion.source_fingerprint(_data(str(source)))
+    with open(source, "a") as handle:
+        handle.write("3,4\n")
+    assert conversion.source_fingerprint(_data(str(source))).sha256 != first.sha256
+
+
+def test_source_fingerprint_of_a_glob_sees_a_new_file(tmp_path):
+    for name in ("part-1.csv", "part-2.csv"):
+        (tmp_path / name).write_text("a,b\n1,2\n")
+    glob = str(tmp_path / "part-*.csv")
+    before = conversion.source_fingerprint(_data(glob))
+    (tmp_path / "part-3.csv").write_text("a,b\n5,6\n")
+    after = conversion.source_fingerprint(_data(glob))
+    assert (len(before.files), len(after.files)) == (2, 3) and after.sha256 != before.sha256
+
+
+# --- the promotion rule ---------------------------------------------------------------------------------------
+
+MAX_ACC = GateConfig(metric="accuracy", direction=Direction.MAX)
+
+
+def test_first_model_is_promoted():
+    decision = registry.decide(0.5, None, MAX_ACC, 0.0)
+    assert decision.blessed and "no champion yet" in decision.reason
+
+
+def test_first_model_below_the_threshold_is_not_promoted():
+    gate = GateConfig(metric="accuracy", direction=Direction.MAX, threshold=0.9)
+    decision = registry.decide(0.5, None, gate, 0.0)
+    assert not decision.blessed and "threshold" in decision.reason
+
+
+@pytest.mark.parametrize("challenger, champion, margin, blessed", [
+    (0.95, 0.90, 0.0, True),
+    (0.90, 0.90, 0.0, False),  # a tie keeps the champion
+    (0.80, 0.90, 0.0, False),
+    (0.92, 0.90, 0.05, False),  # better, but not by the margin
+    (0.95, 0.90, 0.05, True),
+])
+def test_higher_is_better_with_a_margin(challenger, champion, margin, blessed):
+    decision = registry.decide(challenger, champion, MAX_ACC, margin, champion_version=3)
+    assert decision.blessed is blessed
+    assert "v3" in decision.reason
+    assert (decision.challenger_score, decision.champion_score) == (challenger, champion)
+
+
+def test_loss_is_lower_is_better_whatever_the_gate_direction_says():
+    gate = GateConfig(metric="loss", direction=Direction.MAX)
+    assert registry.effective_direction(gate) == Direction.MIN
+    assert registry.decide(0.2, 0.3, gate, 0.0, champion_version=1).blessed
+    assert not registry.decide(0.4, 0.3, gate, 0.0, champion_version=1).blessed
+
+
+def test_min_direction_on_a_custom_metric():
+    gate = GateConfig(metric="auc", direction=Direction.MIN)
+    assert registry.decide(0.1, 0.2, gate, 0.05, champion_version=1).blessed
+    assert not registry.decide(0.18, 0.2, gate, 0.05, champion_version=1).blessed
+
+
+def test_a_nan_challenger_is_never_promoted_and_a_nan_champion_is_replaced():
+    assert not registry.decide(math.nan, 0.9, MAX_ACC, 0.0, champion_version=1).blessed
+    assert registry.decide(0.5, math.nan, MAX_ACC, 0.0, champion_version=1).blessed
+
+
+# --- config overrides -----------------------------------------------------------------------------------------
+
+def _config(**tracking):
+    return parse_config({"name": "t", "data": {"source": "x.csv", "label": "y"},
+                         "tracking": {"registered_model": "m", **tracking}})
+
+
+def test_overrides_replace_dotted_keys_and_validate():
+    config = registry.apply_overrides(_config(), {"train.steps": 1, "evaluation.gate.threshold": None,
+                                                  "model.params.hidden_units": [4]})
+    assert config.train.steps == 1 and config.evaluation.gate.threshold is None
+    assert config.model.params == {"hidden_units": [4]}
+
+
+def test_overrides_name_a_bad_key_and_value():
+    with pytest.raises(ConfigError, match=r"train.stepz in overrides is not a known key"):
+        registry.apply_overrides(_config(), {"train.stepz": 1})
+    with pytest.raises(ConfigError, match=r"train.steps \(0\) in overrides"):
+        registry.apply_overrides(_config(), {"train.steps": 0})
+    with pytest.raises(ConfigError, match=r"name is not a config section"):
+        registry.apply_overrides(_config(), {"name.x": 0})
+
+
+# --- the MLflow registry (a real sqlite store) ----------------------------------------------------------------
+
+@pytest.fixture
+def store(tmp_path):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri, uri)
+    experiment = client.create_experiment("registry-test", artifact_location=str(tmp_path / "artifacts"))
+    client.create_registered_model("m")
+
+    def new_version(fingerprint: str | None = None, config_hash: str = "h") -> str:
+        run = client.create_run(experiment)
+        mv = client.create_model_version("m", source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id)
+        if fingerprint:
+            client.set_model_version_tag("m", mv.version, registry.FINGERPRINT_TAG, fingerprint)
+        return mv.version
+
+    return uri, client, new_version
+
+
+def _fingerprint(sha: str) -> SourceFingerprint:
+    return SourceFingerprint(files=(SourceFile(path="s", size=1, mtime="1"),), sha256=sha)
+
+
+def test_no_champion_until_an_alias_is_set(store):
+    uri, _client, new_version = store
+    assert registry.get_champion(uri, "m") is None
+    assert registry.get_champion(uri, "model-that-does-not-exist") is None
+    assert registry.latest_version(uri, "m") is None
+    new_version()
+    assert registry.get_champion(uri, "m") is None
+    assert registry.latest_version(uri, "m").version == 1
+
+
+def test_record_decision_tags_both_scores_and_moves_the_alias_only_when_blessed(store):
+    uri, client, new_version = store
+    v1 = new_version()
+    first = registry.decide(0.8, None, MAX_ACC, 0.0)
+    info = registry.record_decision(uri, "m", v1, first, fingerprint=_fingerprint("a" * 64), config_hash="h")
+    assert info.blessed is True and info.source_fingerprint == "a" * 64
+    assert registry.get_champion(uri, "m").version == 1
+
+    v2 = new_version()
+    worse = registry.decide(0.7, 0.8, MAX_ACC, 0.0, champion_version=1)
+    info = registry.record_decision(uri, "m", v2, worse, fingerprint=_fingerprint("b" * 64), config_hash="h")
+    assert info.blessed is False
+    assert float(info.tags[registry.CHALLENGER_SCORE_TAG]) == 0.7
+    assert float(info.tags[registry.CHAMPION_SCORE_TAG]) == 0.8
+    assert info.tags[registry.COMPARED_WITH_TAG] == "1"
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
+
+    v3 = new_version()
+    better = registry.decide(0.9, 0.8, MAX_ACC, 0.0, champion_version=1)
+    registry.record_decision(uri, "m", v3, better)
+    champion = registry.get_champion(uri, "m")
+    assert champion.version == 3 and "champion" in champion.aliases
+
+
+def test_check_for_new_data_skips_the_champions_data_and_a_refused_retry(store):
+    uri, _client, new_version = store
+    fp_a, fp_b = _fingerprint("a" * 64), _fingerprint("b" * 64)
+    check = registry.check_for_new_data(fp_a, "h", None, None)
+    assert check.train and "no champion yet" in check.message
+
+    registry.record_decision(uri, "m", new_version(), registry.decide(0.8, None, MAX_ACC, 0.0),
+                             fingerprint=fp_a, config_hash="h")
+    champion = registry.get_champion(uri, "m")
+    check = registry.check_for_new_data(fp_a, "h", champion, registry.latest_version(uri, "m"))
+    assert not check.train and check.message.startswith("no new data since version 1")
+
+    registry.record_decision(uri, "m", new_version(), registry.decide(0.1, 0.8, MAX_ACC, 0.0, champion_version=1),
+                             fingerprint=fp_b, config_hash="h")
+    latest = registry.latest_version(uri, "m")
+    check = registry.check_for_new_data(fp_b, "h", champion, latest)
+    assert not check.train and check.version == 2 and "not promoted" in check.message
+    assert registry.check_for_new_data(fp_b, "other-config", champion, latest).train
+    assert registry.check_for_new_data(_fingerprint("c" * 64), "h", champion, latest).train
+
+
+# --- warm start -----------------------------------------------------------------------------------------------
+
+def test_warm_start_checkpoint_restores_into_a_freshly_built_model(tmp_path, shared_manifest):
+    """The champion's .keras weights, written as the checkpoint `train.warm_start_uri` reads, fill a new model."""
+    import keras
+    import tensorflow as tf
+
+    from pipeline_lib.training import models
+
+    model_config = ModelConfig(factory="mlp", params={"hidden_units": [8]})
+    keras.utils.set_random_seed(1)
+    champion = models.create_model(model_config, shared_manifest.feature_schema)
+    keras_path = str(tmp_path / "champion.keras")
+    champion.save(keras_path)
+
+    prefix = registry.write_warm_start_checkpoint(keras_path, str(tmp_path / "warm"))
+    keras.utils.set_random_seed(2)
+    fresh = models.create_model(model_config, shared_manifest.feature_schema)
+    assert not all(np.allclose(a, b) for a, b in zip(champion.get_weights(), fresh.get_weights()))
+    # What pipeline_lib.training.loop does with train.warm_start_uri.
+    tf.train.Checkpoint(model=fresh).read(prefix).assert_existing_objects_matched()
+    for expected, actual in zip(champion.get_weights(), fresh.get_weights()):
+        np.testing.assert_allclose(actual, expected)
+
+
+@pytest.mark.slow
+def test_download_keras_model_returns_the_registered_weights(tmp_path, shared_manifest, monkeypatch):
+    """What the retrain flow evaluates as the champion: the registered version's own .keras file."""
+    import keras
+    from mlflow import MlflowClient
+
+    from pipeline_lib.tracking import mlflow_run as tracking
+    from pipeline_lib.training import models
+
+    monkeypatch.chdir(tmp_path)  # MLflow may default artifacts to ./mlruns
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri, uri)
+    experiment = client.create_experiment("download-test", artifact_location=str(tmp_path / "artifacts"))
+    run = client.create_run(experiment)
+    model = models.create_model(ModelConfig(factory="mlp", params={"hidden_units": [4]}),
+                                shared_manifest.feature_schema)
+    keras_path = str(tmp_path / "model.keras")
+    model.save(keras_path)
+    version = tracking.log_and_register_model(run.info.run_id, uri, keras_path, "dl", shared_manifest)
+
+    downloaded = registry.download_keras_model(uri, "dl", version.version, str(tmp_path / "download"))
+    assert downloaded.endswith(".keras")
+    reloaded = keras.saving.load_model(downloaded, compile=False)
+    for expected, actual in zip(model.get_weights(), reloaded.get_weights()):
+        np.testing.assert_allclose(actual, expected)

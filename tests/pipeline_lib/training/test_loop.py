@@ -1,0 +1,379 @@
+"""Tests for pipeline_lib.training.loop: the custom loop under Default and Mirrored, equivalence, exact resume."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from pipeline_lib.checkpoints import store as checkpoints
+from pipeline_lib.config import parse_config
+from pipeline_lib.tracking.mlflow_run import InMemorySink
+from pipeline_lib.training import loop as training
+from tests.conftest import make_plan, write_dataset
+
+pytestmark = pytest.mark.slow
+
+
+def _config(**train):
+    model = train.pop("model", {"params": {"hidden_units": [16]}})
+    values = {"per_replica_batch_size": 32, "base_learning_rate": 0.01, "checkpoint_every_steps": 20,
+              "log_every_steps": 10, "lr_scaling": "none"}
+    values.update(train)
+    return parse_config({"data": {"source": "unused.csv", "label": "label"}, "model": model, "train": values})
+
+
+def _weights(run_dir, config, manifest):
+    """The trained weights, restored through the model key alone from the newest checkpoint."""
+    import tensorflow as tf
+
+    from pipeline_lib.training import models
+
+    record = checkpoints.latest_valid(os.path.join(run_dir, "checkpoints"))
+    model = models.create_model(config.model, manifest.feature_schema)
+    tf.train.Checkpoint(model=model).read(record.path).expect_partial()
+    return [w.numpy() for w in model.weights]
+
+
+def _max_diff(a, b):
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+
+
+class RecordingHooks(training.TrainHooks):
+    def __init__(self, stop_at=None):
+        self.steps, self.stop_at = [], stop_at
+
+    def on_step_end(self, step, examples, loss):
+        self.steps.append((step, examples, loss))
+
+    def stop_requested(self):
+        return self.stop_at is not None and bool(self.steps) and self.steps[-1][0] >= self.stop_at
+
+
+@pytest.mark.parametrize("strategy,cpu_replicas", [("default", None), ("mirrored", 2)])
+def test_loss_falls_and_every_planned_step_runs(tmp_path, shared_manifest, strategy, cpu_replicas, caplog):
+    replicas = cpu_replicas or 1
+    config = _config(strategy=strategy, cpu_replicas=cpu_replicas, steps_per_execution=3)
+    plan = make_plan(shared_manifest, replicas_per_worker=replicas, epochs=4)
+    sink, hooks = InMemorySink(), RecordingHooks()
+    with caplog.at_level(logging.INFO, logger="pipeline_lib.training.loop"):
+        result = training.train(config, shared_manifest, plan, str(tmp_path), metrics_sink=sink, hooks=hooks)
+    assert result.strategy == strategy and result.num_replicas == replicas
+    assert result.global_batch_size == 32 * replicas
+    assert result.final_step == plan.total_steps == result.total_steps
+    assert [s for s, _, _ in hooks.steps] == list(range(1, plan.total_steps + 1))
+    assert all(examples == 32 * replicas for _, examples, _ in hooks.steps)
+    losses = [loss for _, _, loss in hooks.steps]
+    assert np.mean(losses[-3:]) < 0.6 * np.mean(losses[:3])
+    logged = sorted(set(range(10, plan.total_steps + 1, 10)) | {plan.total_steps})
+    assert [step for step, _ in sink.series("loss")] == logged
+    assert {"loss", "learning_rate", "examples_per_sec", "steps_per_sec"} <= set(sink.history[0][1])
+    assert "train | step:     10 | steps/sec:" in caplog.text
+    assert os.listdir(result.tensorboard_dir)
+    assert result.checkpoints[-1].step == plan.total_steps
+    assert set(result.checkpoints[-1].metrics) == {"eval_loss", "eval_accuracy"}
+    assert [step for step, _ in sink.series("eval_loss")] == sorted(
+        set(range(20, plan.total_steps + 1, 20)) | {plan.total_steps})
+    assert sink.series("eval_accuracy")[-1][1] > 0.7
+
+
+def test_default_and_mirrored_end_with_equal_weights(tmp_path):
+    manifest = write_dataset(str(tmp_path / "data"), num_train=640, num_eval=64)
+    runs = {}
+    for name, strategy, cpu_replicas, per_replica in (("default", "default", None, 64),
+                                                       ("mirrored", "mirrored", 2, 32)):
+        config = _config(strategy=strategy, cpu_replicas=cpu_replicas, per_replica_batch_size=per_replica,
+                         shuffle=False, deterministic=True, steps=50, checkpoint_every_steps=50,
+                         base_learning_rate=0.005)
+        plan = make_plan(manifest, replicas_per_worker=cpu_replicas or 1, per_replica_batch_size=per_replica,
+                         steps=50)
+        assert plan.global_batch_size == 64 and plan.total_steps == 50
+        result = training.train(config, manifest, plan, str(tmp_path / name))
+        assert result.final_step == 50
+        runs[name] = _weights(str(tmp_path / name), config, manifest)
+    assert _max_diff(runs["default"], runs["mirrored"]) < 1e-5
+
+
+@pytest.mark.parametrize("strategy,cpu_replicas,seed", [("default", None, 42), ("mirrored", 2, 42), ("default", None, 0)])
+def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path, shared_manifest, strategy, cpu_replicas, seed):
+    replicas = cpu_replicas or 1
+    config = _config(strategy=strategy, cpu_replicas=cpu_replicas, shuffle=True, shuffle_buffer=64, seed=seed,
+                     deterministic=True, checkpoint_every_steps=8, steps_per_execution=2,
+                     model={"params": {"hidden_units": [16], "dropout": 0.2}})
+    plan = make_plan(shared_manifest, replicas_per_worker=replicas, epochs=3)
+    steps_per_epoch = plan.steps_per_epoch
+    stop_at = steps_per_epoch + 3  # mid-epoch, between checkpoints
+    whole = training.train(config, shared_manifest, plan, str(tmp_path / "whole"))
+
+    resumed_dir = str(tmp_path / "resumed")
+    with pytest.raises(training.TrainingInterrupted) as stopped:
+        training.train(config, shared_manifest, plan, resumed_dir, hooks=RecordingHooks(stop_at=stop_at))
+    assert stopped.value.step == stop_at + (stop_at % 2)
+    hooks = RecordingHooks()
+    result = training.train(config, shared_manifest, plan, resumed_dir, hooks=hooks)
+    assert result.start_step == stopped.value.step
+    assert hooks.steps[0][0] == stopped.value.step + 1 and result.final_step == plan.total_steps
+    assert len(hooks.steps) == plan.total_steps - stopped.value.step
+    assert abs(result.final_loss - whole.final_loss) < 1e-5
+    assert _max_diff(_weights(str(tmp_path / "whole"), config, shared_manifest),
+                     _weights(resumed_dir, config, shared_manifest)) < 1e-5
+
+
+def _epoch_batches(dataset) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(inputs["numeric"].numpy(), labels.numpy()) for inputs, labels in dataset]
+
+
+def _assert_same_batches(got, expected) -> None:
+    assert len(got) == len(expected)
+    for (x, y), (ex, ey) in zip(got, expected):
+        np.testing.assert_array_equal(x, ex)
+        np.testing.assert_array_equal(y, ey)
+
+
+def test_one_pipeline_for_every_epoch_gives_the_batches_of_one_pipeline_per_epoch(tiny_manifest):
+    """The training input (all epochs traced once) equals building each epoch's pipeline alone, the recipe it
+    replaced: epoch e shuffled with epoch_seed(seed, e), the first epoch resumed 3 batches in."""
+    import keras
+
+    from pipeline_lib.training import input_pipeline
+
+    config = _config(shuffle=True, shuffle_buffer=64)
+    keras.utils.set_random_seed(config.train.seed)  # as train() does
+    batch, per_epoch, start_epoch, skip, num_epochs = 8, 30, 1, 3, 4
+    got = _epoch_batches(training._epochs(tiny_manifest, config.train, batch, None, None, True, per_epoch,
+                                          start_epoch, skip, num_epochs))
+    expected, by_epoch = [], []
+    for epoch in range(start_epoch, num_epochs):
+        first = skip if epoch == start_epoch else 0
+        alone = input_pipeline.create_dataset(
+            tiny_manifest, "train", batch, shuffle=True, seed=training.epoch_seed(config.train.seed, epoch),
+            shuffle_buffer=64, drop_remainder=True, skip_batches=first, is_classification=True).take(per_epoch - first)
+        by_epoch.append(_epoch_batches(alone))
+        expected += by_epoch[-1]
+    assert len(got) == (num_epochs - start_epoch) * per_epoch - skip
+    _assert_same_batches(got, expected)
+    assert not np.array_equal(by_epoch[1][0][1], by_epoch[2][0][1])  # each epoch is shuffled anew
+
+
+def test_epoch_seed_is_the_same_for_an_int_and_a_tensor_epoch_at_any_seed():
+    import tensorflow as tf
+
+    for seed in (0, 42, -7, 10**15, 2**62):
+        for epoch in (0, 1, 613):
+            expected = training.epoch_seed(seed, epoch)
+            assert 0 <= expected < 2**31 - 1
+            assert int(training.epoch_seed(seed, tf.constant(epoch, tf.int64))) == expected
+
+
+def test_training_input_builds_and_repeats_with_seed_zero(tiny_manifest):
+    """A global seed of 0 (train.seed: 0) would make tf.data ask a traced seed for its truth value."""
+    import keras
+
+    config = _config(shuffle=True, shuffle_buffer=64, seed=0)
+    keras.utils.set_random_seed(0)
+
+    def build():
+        return _epoch_batches(training._epochs(tiny_manifest, config.train, 8, None, None, True, 30, 0, 0, 3))
+
+    first = build()
+    _assert_same_batches(build(), first)
+    assert len(first) == 90
+    assert not np.array_equal(first[0][1], first[30][1]) and not np.array_equal(first[30][1], first[60][1])
+
+
+def test_steps_per_execution_does_not_change_the_result(tmp_path, tiny_manifest):
+    plan = make_plan(tiny_manifest, epochs=2)
+    weights = []
+    for spe in (1, 5):
+        config = _config(strategy="default", deterministic=True, shuffle=True, steps_per_execution=spe)
+        training.train(config, tiny_manifest, plan, str(tmp_path / f"spe{spe}"))
+        weights.append(_weights(str(tmp_path / f"spe{spe}"), config, tiny_manifest))
+    assert _max_diff(*weights) < 1e-6
+
+
+def test_finished_run_restarts_as_a_no_op(tmp_path, tiny_manifest):
+    config = _config(strategy="default")
+    plan = make_plan(tiny_manifest, epochs=1)
+    training.train(config, tiny_manifest, plan, str(tmp_path))
+    hooks = RecordingHooks()
+    again = training.train(config, tiny_manifest, plan, str(tmp_path), hooks=hooks)
+    assert again.start_step == again.final_step == plan.total_steps and hooks.steps == []
+
+
+def test_regression_with_warmup_and_mixed_precision(tmp_path):
+    manifest = write_dataset(str(tmp_path / "data"), num_train=256, task="regression")
+    config = parse_config({"data": {"source": "x.csv", "label": "label"},
+                           "model": {"task": "regression", "params": {"hidden_units": [16]}},
+                           "train": {"strategy": "default", "warmup_steps": 5, "mixed_precision": True,
+                                     "base_learning_rate": 0.01, "checkpoint_every_steps": 16,
+                                     "log_every_steps": 4}})
+    sink = InMemorySink()
+    result = training.train(config, manifest, make_plan(manifest, epochs=4), str(tmp_path / "run"),
+                            metrics_sink=sink)
+    assert np.isfinite(result.final_loss)
+    assert "eval_mae" in result.checkpoints[-1].metrics
+    assert sink.series("learning_rate")[0][1] < sink.series("learning_rate")[-1][1] == pytest.approx(0.01)
+
+
+def test_plan_for_another_cluster_is_rejected(tmp_path, tiny_manifest):
+    config = _config(strategy="mirrored", cpu_replicas=2)
+    with pytest.raises(training.TrainingError, match=r"global_batch_size \(32\) .* 2 replica"):
+        training.train(config, tiny_manifest, make_plan(tiny_manifest, replicas_per_worker=1), str(tmp_path))
+
+
+def test_short_data_for_the_plan_is_rejected(tmp_path, tiny_manifest):
+    plan = make_plan(tiny_manifest).model_copy(update={"steps_per_epoch": 100, "total_steps": 100})
+    with pytest.raises(training.TrainingError, match="needs 100"):
+        training.train(_config(strategy="default"), tiny_manifest, plan, str(tmp_path))
+
+
+WORKER_SOURCE = '''
+import json, os, sys
+from pipeline_lib.training import loop as training
+from pipeline_lib.config import parse_config
+from pipeline_lib.data.manifest import Manifest
+from pipeline_lib.planning.sharding import ShardPlan
+
+args = json.loads(sys.argv[1])
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+
+
+class Hooks(training.TrainHooks):
+    step = 0
+
+    def on_step_end(self, step, examples, loss):
+        self.step = step
+
+    def stop_requested(self):
+        return index == args.get("stop_worker") and self.step >= args["stop_at"]
+
+
+try:
+    result = training.train(parse_config(args["config"]), Manifest.model_validate_json(args["manifest"]),
+                            ShardPlan.model_validate_json(args["plan"]), args["run_dir"], hooks=Hooks())
+    print("RESULT", json.dumps({"final_step": result.final_step, "start_step": result.start_step,
+                                "is_chief": result.is_chief, "checkpoints": len(result.checkpoints)}))
+except training.TrainingInterrupted as stopped:
+    print("INTERRUPTED", stopped.step)
+    sys.exit(3)
+'''
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_workers(tmp_path, args, num_workers=2):
+    """Start real MultiWorkerMirrored worker processes over loopback; return (exit codes, outputs)."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER_SOURCE)
+    addresses = [f"127.0.0.1:{_free_port()}" for _ in range(num_workers)]
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    procs = []
+    try:
+        for index in range(num_workers):
+            env = dict(os.environ, PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL="2",
+                       TF_CONFIG=json.dumps({"cluster": {"worker": addresses},
+                                             "task": {"type": "worker", "index": index}}))
+            procs.append(subprocess.Popen([sys.executable, str(script), json.dumps(args)], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outputs = [proc.communicate(timeout=300)[0] for proc in procs]
+        return [proc.returncode for proc in procs], outputs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_multi_worker_matches_default_and_stops_together(tmp_path):
+    """MWMS with 2 worker processes (32 each) equals Default (64); a stop asked of worker 1 stops both."""
+    manifest = write_dataset(str(tmp_path / "data"), num_train=640, num_eval=64)
+    common = {"shuffle": False, "deterministic": True, "steps": 50, "checkpoint_every_steps": 20,
+              "base_learning_rate": 0.005}
+    default_config = _config(strategy="default", per_replica_batch_size=64, **common)
+    training.train(default_config, manifest, make_plan(manifest, per_replica_batch_size=64, steps=50),
+                   str(tmp_path / "default"))
+    config = _config(strategy="multi_worker_mirrored", per_replica_batch_size=32, **common)
+    plan = make_plan(manifest, num_workers=2, per_replica_batch_size=32, steps=50)
+    args = {"config": config.model_dump(mode="json"), "manifest": manifest.to_json(),
+            "plan": plan.model_dump_json(), "run_dir": str(tmp_path / "mwms"), "stop_worker": 1, "stop_at": 23}
+
+    codes, outputs = _run_workers(tmp_path, args)
+    assert codes == [3, 3], outputs
+    assert all("INTERRUPTED 23" in out for out in outputs)
+    assert [r.step for r in checkpoints.list_checkpoints(str(tmp_path / "mwms" / "checkpoints"))] == [20, 23]
+
+    args.pop("stop_worker")
+    codes, outputs = _run_workers(tmp_path, args)
+    assert codes == [0, 0], outputs
+    assert '"final_step": 50, "start_step": 23, "is_chief": true, "checkpoints": 3' in outputs[0]
+    assert '"is_chief": false, "checkpoints": 0' in outputs[1]
+    assert not os.listdir(tmp_path / "mwms" / "checkpoints" / ".scratch")
+    assert _max_diff(_weights(str(tmp_path / "default"), default_config, manifest),
+                     _weights(str(tmp_path / "mwms"), config, manifest)) < 1e-5
+
+
+PS_TASK_SOURCE = '''
+import json, sys
+from pipeline_lib.training import loop as training
+from pipeline_lib.cluster.validation import cluster_from_env
+from pipeline_lib.config import parse_config
+from pipeline_lib.data.manifest import Manifest
+from pipeline_lib.planning.sharding import ShardPlan
+
+cluster = cluster_from_env()
+if cluster.task_type != "chief":
+    training.run_server(cluster)
+args = json.loads(sys.argv[1])
+result = training.train(parse_config(args["config"]), Manifest.model_validate_json(args["manifest"]),
+                        ShardPlan.model_validate_json(args["plan"]), args["run_dir"], cluster=cluster)
+print("RESULT", json.dumps({"final_step": result.final_step, "num_workers": result.num_workers,
+                            "accuracy": result.checkpoints[-1].metrics["eval_accuracy"]}))
+'''
+
+
+def test_parameter_server_chief_coordinates_two_workers_and_one_ps(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    manifest = write_dataset(str(tmp_path / "data"), num_train=640, num_eval=128)
+    config = _config(strategy="parameter_server", workers=2, parameter_servers=1, steps=60,
+                     checkpoint_every_steps=30)
+    args = {"config": config.model_dump(mode="json"), "manifest": manifest.to_json(),
+            "plan": make_plan(manifest, steps=60).model_dump_json(), "run_dir": str(tmp_path / "ps")}
+    cluster = {"chief": [f"127.0.0.1:{_free_port()}"], "ps": [f"127.0.0.1:{_free_port()}"],
+               "worker": [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]}
+    script = tmp_path / "task.py"
+    script.write_text(PS_TASK_SOURCE)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    procs = []
+    try:
+        for job in ("chief", "ps", "worker"):
+            for index in range(len(cluster[job])):
+                env = dict(os.environ, PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL="2",
+                           TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}))
+                procs.append(subprocess.Popen([sys.executable, str(script), json.dumps(args)], env=env,
+                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        output = procs[0].communicate(timeout=300)[0]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+    assert procs[0].returncode == 0, output
+    result = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
+    assert result["final_step"] == 60 and result["num_workers"] == 2
+    assert result["accuracy"] > 0.7
+    assert [r.step for r in checkpoints.list_checkpoints(str(tmp_path / "ps" / "checkpoints"))] == [30, 60]
