@@ -88,6 +88,24 @@ class Direction(str, enum.Enum):
     MIN = "min"
 
 
+# Metrics where a smaller value is better, whatever a configured direction says. The one copy of this rule:
+# the gate, the champion policy and best-checkpoint selection all ask metric_direction().
+LOWER_IS_BETTER_METRICS = frozenset({"loss", "mae", "rmse"})
+
+
+def metric_direction(metric: str, declared: Direction = Direction.MAX) -> Direction:
+    """The direction in which `metric` improves: MIN for loss, mae and rmse (also as `eval_*`), else `declared`."""
+    name = metric.removeprefix("eval_")
+    return Direction.MIN if name in LOWER_IS_BETTER_METRICS else Direction(declared)
+
+
+def is_better(candidate: float, incumbent: float, direction: Direction, margin: float = 0.0) -> bool:
+    """Whether `candidate` beats `incumbent` by more than `margin` in `direction` (strictly when margin is 0)."""
+    if direction == Direction.MAX:
+        return candidate - incumbent > margin if margin == 0 else candidate - incumbent >= margin
+    return incumbent - candidate > margin if margin == 0 else incumbent - candidate >= margin
+
+
 class SplitConfig(_Frozen):
     """Deterministic hash split of rows into train and eval."""
 
