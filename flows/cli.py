@@ -7,6 +7,13 @@ import json
 import logging
 import os
 import sys
+import traceback
+
+# Exit codes: documented in the README beside `tfdag run`.
+EXIT_OK = 0
+EXIT_FAILURE = 1  # a stage failed for a reason other than the input (a worker crashed, a server went away)
+EXIT_BAD_INPUT = 2  # the input is wrong: the one-line message names the value and the fix
+EXIT_INTERRUPTED = 130
 
 DESCRIPTION = """\
 tfdag runs end-to-end TensorFlow training DAGs as Prefect flows:
@@ -18,6 +25,8 @@ TFRecord conversion -> shard planning -> cluster validation -> distributed train
   tfdag convert|plan|validate|train|evaluate CONFIG   one stage alone, without Prefect
   tfdag validate-cluster --strategy multi_worker_mirrored   check TF_CONFIG before training
   tfdag stack up                          local Prefect + MLflow servers, work pool, worker, deployments
+
+exit codes: 0 success, 1 failure, 2 bad input (one line names the value and the fix), 130 interrupted
 """
 
 
@@ -40,12 +49,15 @@ def _prepare_demo_data(config) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from flows.pipeline import training_pipeline
+    from pipeline_lib.launch.inputs import check_inputs
 
     # The flow gets the file's path, not its content: a Prefect parameter is stored by the server, and a
-    # config may carry storage options. Loading it here first rejects a bad config before Prefect starts.
+    # config may carry storage options. Loading and checking it here first rejects bad input before Prefect starts.
     path = args.config or _default_config()
-    _load(path)
+    check_inputs(_load(path))
+    from flows.pipeline import training_pipeline
+
+    _hide_user_error_tracebacks(args.verbose)
     summary = training_pipeline(path)
     metrics = ", ".join(f"{k}: {v:.4f}" for k, v in summary.metrics.items())
     print(f"\ntfdag | {summary.pipeline} | {metrics}")
@@ -56,7 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"tfdag | open the MLflow UI: mlflow ui --backend-store-uri {summary.mlflow_uri} --host 127.0.0.1 --port 5000")
     if args.json:
         print(summary.model_dump_json())
-    return 0
+    return EXIT_OK
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -73,7 +85,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         "shards": len(manifest.shards),
         "bad_records": manifest.num_bad_records,
     }, indent=2))
-    return 0
+    return EXIT_OK
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -87,7 +99,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan = sharding.plan_for_train(manifest, config.train, strategy.replicas_per_worker(config.train),
                                    num_workers=args.workers)
     print(sharding.plan_to_markdown(plan))
-    return 0
+    return EXIT_OK
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -95,7 +107,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     report = cluster.validate_cluster(_load(args.config))
     print(report.to_markdown())
-    return 0
+    return EXIT_OK
 
 
 def cmd_validate_cluster(args: argparse.Namespace) -> int:
@@ -125,7 +137,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_dir = runs.run_dir_for(config.output_root, runs.new_run_name(config.name))
     result = launcher.launch_training(config, manifest, plan, run_dir, mlflow_run_id=None, log_fn=print)
     print(result.model_dump_json(indent=2))
-    return 0
+    return EXIT_OK
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -136,7 +148,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     manifest = conversion.convert(config.data, config.output_root, config.storage_options)
     report = evaluation.evaluate(config, manifest, args.model)
     print(report.to_markdown())
-    return 0
+    return EXIT_OK
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -154,7 +166,7 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
     from pipeline_lib.data import demo as demo_data
 
     print(demo_data.write_digits_csv(args.uri))
-    return 0
+    return EXIT_OK
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
@@ -163,15 +175,34 @@ def cmd_stack(args: argparse.Namespace) -> int:
     return stack.stack_command(args.action, root=args.root, out=sys.stdout)
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors caused by the input (config, data, cluster, storage): printed as one clear message, exit 2."""
-    from pipeline_lib.cluster.validation import ClusterConfigError
-    from pipeline_lib.config import ConfigError
-    from pipeline_lib.core.storage import StorageError
-    from pipeline_lib.data.conversion import ConversionError
-    from pipeline_lib.planning.sharding import PlanError
+class _UserErrorTracebackFilter(logging.Filter):
+    """Keeps user errors to the CLI's one line on the console.
 
-    return (ConfigError, ConversionError, PlanError, ClusterConfigError, StorageError)
+    Prefect logs a failed task's or flow's exception with its traceback; for an error caused by the input that is
+    noise around the one line that names the value and the fix (the CLI prints it last). The records still reach
+    the Prefect server through its API handler, which this filter is not attached to.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from pipeline_lib.core.errors import is_user_error
+
+        error = record.exc_info[1] if record.exc_info else None
+        if error is None or not is_user_error(error):
+            return True
+        if record.name.startswith("prefect"):
+            return False
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _hide_user_error_tracebacks(verbose: bool) -> None:
+    """Attach the filter to the console handlers Prefect configured (on import); `-v` keeps every traceback."""
+    if verbose:
+        return
+    handlers = set(logging.getLogger().handlers) | set(logging.getLogger("prefect").handlers)
+    for handler in handlers:
+        if not any(isinstance(f, _UserErrorTracebackFilter) for f in handler.filters):
+            handler.addFilter(_UserErrorTracebackFilter())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -232,14 +263,26 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore", "alembic", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from pipeline_lib.core.errors import is_user_error
+
     try:
         return args.fn(args)
-    except _user_errors() as error:
-        print(f"tfdag: {error}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("tfdag: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except Exception as error:
+        if args.verbose:
+            traceback.print_exc()
+        if is_user_error(error):
+            print(f"tfdag: {_one_line(error)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        print(f"tfdag: failed: {type(error).__name__}: {_one_line(error)}"
+              + ("" if args.verbose else " (run with -v for the traceback)"), file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
 
 
 if __name__ == "__main__":

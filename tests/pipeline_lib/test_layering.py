@@ -1,33 +1,196 @@
-"""The library layer stays free of Prefect: every stage runs from a notebook or a worker process."""
+"""The library's shape: no Prefect, no import cycle, and imports only down the stage order."""
+
+from __future__ import annotations
 
 import ast
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 LIB = Path(__file__).resolve().parents[2] / "pipeline_lib"
 
+# The order of the layers, lowest first: a module may import its own package and the layers below it.
+# Packages on one layer may import each other as long as no circle forms (planning reads data's manifest).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("core", "config"),
+    ("data", "planning", "cluster"),
+    ("checkpoints",),
+    ("training",),
+    ("evaluation", "tracking"),
+    ("launch",),
+    ("testing",),
+)
+# Test support: production code reaches it only inside a function, when its environment variable is set.
+TEST_SUPPORT = "testing"
+FORBIDDEN_ROOTS = ("prefect", "tasks", "flows")
 
-def test_no_module_of_pipeline_lib_imports_prefect():
-    offenders = []
-    for path in sorted(LIB.rglob("*.py")):
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for node in ast.walk(tree):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("prefect", "tasks", "flows")]
-    assert offenders == [], f"pipeline_lib must not import Prefect or the upper layers: {offenders}"
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, root: Path, modules: set[str]) -> list[tuple[str, bool, int]]:
+    """(imported module, at module level?, line) for every import in `path`, resolved to a module of `modules`."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    top_level = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+            # `from pkg import module` names the module; `from module import name` names the module itself.
+            targets = [t for t in targets if t in modules] or [node.module]
+        for target in targets:
+            found.append((target, id(node) in top_level, node.lineno))
+    return found
+
+
+def _layer_of(package: str) -> int:
+    for rank, names in enumerate(LAYERS):
+        if package in names:
+            return rank
+    raise AssertionError(f"pipeline_lib.{package} is on no layer of LAYERS: add it to the order in this test")
+
+
+def check_layering(root: Path) -> list[str]:
+    """Every violation of the order, the cycles and the forbidden imports in the package at `root`."""
+    files = {_module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    modules = set(files)
+    lib = root.name
+    problems: list[str] = []
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in files.items():
+        own = module.split(".")[1] if module.count(".") else ""
+        for target, at_top, line in _imports(path, root, modules):
+            where = f"{path.relative_to(root.parent)}:{line}"
+            if target.split(".")[0] in FORBIDDEN_ROOTS:
+                problems.append(f"{where} imports {target}: {lib} never imports Prefect, tasks or flows")
+                continue
+            if not target.startswith(lib + ".") or target not in modules:
+                continue
+            other = target.split(".")[1]
+            if other == TEST_SUPPORT and own != TEST_SUPPORT:
+                if at_top:
+                    problems.append(f"{where} imports {target} at module level: test support is imported only "
+                                    f"inside the function that checks its environment variable")
+                continue
+            if own and other != own and _layer_of(other) > _layer_of(own):
+                problems.append(f"{where}: {own} (layer {_layer_of(own)}) imports {target} "
+                                f"(layer {_layer_of(other)}), against the order {LAYERS}")
+            if target != module:
+                graph[module].add(target)
+    problems += [f"import cycle: {' -> '.join(cycle)}" for cycle in _cycles(graph)]
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        source = module.split(".")[1] if module.count(".") else ""
+        for target in targets:
+            if source and target.split(".")[1] != source:
+                packages.setdefault(source, set()).add(target.split(".")[1])
+    problems += [f"package cycle: {' -> '.join(cycle)}" for cycle in _cycles(packages)]
+    return problems
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each strongly connected component that has one (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return [component + [component[0]] for component in components]
+
+
+def test_pipeline_lib_imports_only_down_the_order_without_cycles():
+    problems = check_layering(LIB)
+    assert problems == [], "\n".join(problems)
+
+
+def _write_tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "pipeline_lib"
+    for name, text in {"__init__.py": "", **files}.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / "__init__.py").touch()
+        path.write_text(text)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"core/a.py": "from pipeline_lib.training import loop\n", "training/loop.py": ""},
+         "core (layer 0) imports pipeline_lib.training.loop"),
+        ({"checkpoints/store.py": "from pipeline_lib.training.loop import Result\n",
+          "training/loop.py": "from pipeline_lib.checkpoints import store\n"},
+         "checkpoints (layer 2) imports pipeline_lib.training.loop"),
+        ({"data/a.py": "def f():\n    from pipeline_lib.data import b\n", "data/b.py": "from pipeline_lib.data import a\n"},
+         "import cycle: pipeline_lib.data.a -> pipeline_lib.data.b -> pipeline_lib.data.a"),
+        ({"data/a.py": "from pipeline_lib.planning import p\n", "planning/p.py": "from pipeline_lib.data import b\n",
+          "data/b.py": ""},
+         "package cycle: data -> planning -> data"),
+        ({"launch/worker.py": "from pipeline_lib.testing import faults\n", "testing/faults.py": ""},
+         "imports pipeline_lib.testing.faults at module level"),
+        ({"training/loop.py": "import prefect\n"}, "never imports Prefect"),
+    ],
+    ids=["upward", "upward-cycle", "local-import-cycle", "package-cycle", "test-support", "prefect"],
+)
+def test_the_layering_check_finds_each_kind_of_violation(tmp_path, files, expected):
+    problems = check_layering(_write_tree(tmp_path, files))
+    assert any(expected in p for p in problems), problems
+
+
+def test_the_layering_check_allows_a_lazy_import_of_test_support_and_imports_down(tmp_path):
+    files = {"launch/worker.py": "from pipeline_lib.training import loop\n"
+                                 "def f():\n    from pipeline_lib.testing import faults\n",
+             "training/loop.py": "from pipeline_lib.core import storage\nfrom pipeline_lib.config import C\n",
+             "core/storage.py": "", "config.py": "", "testing/faults.py": "from pipeline_lib.launch import worker\n"}
+    assert check_layering(_write_tree(tmp_path, files)) == []
+
+
+def test_no_library_module_exceeds_the_size_of_one_concern():
+    long = {str(p.relative_to(LIB.parent)): n for p in LIB.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 450}
+    assert long == {}, f"split these modules by concern (at most ~400 lines each): {long}"
 
 
 def test_importing_every_library_module_loads_no_prefect():
-    modules = sorted(p.stem for p in LIB.glob("*.py") if p.stem != "__init__")
+    modules = sorted(_module_name(p, LIB) for p in LIB.rglob("*.py"))
     code = (
         "import importlib, sys\n"
-        f"for m in {modules!r}: importlib.import_module('pipeline_lib.' + m)\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'prefect'))\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('prefect', 'tasks', 'flows')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=LIB.parent, timeout=300)

@@ -1,0 +1,116 @@
+"""`tfdag run` on bad input: one line that names the value and the fix, no traceback, exit code 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline_lib.data import demo as demo_data
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _config(tmp_path: Path, **overrides) -> dict:
+    raw = tmp_path / "raw" / "digits.csv"
+    if not raw.exists():
+        demo_data.write_digits_csv(str(raw))
+    config = {
+        "name": "cli-errors",
+        "data": {"source": str(raw), "label": "target", "target_shard_mb": 0.1},
+        "output_root": str(tmp_path / "out"),
+        "model": {"factory": "mlp", "params": {"hidden_units": [16]}},
+        "train": {"strategy": "default", "per_replica_batch_size": 32, "epochs": 1},
+        "tracking": {"experiment": "cli-errors"},
+    }
+    for section, values in overrides.items():
+        config[section] = {**config.get(section, {}), **values} if isinstance(values, dict) else values
+    return config
+
+
+def _run(tmp_path: Path, config: dict, *extra: str, env: dict[str, str] | None = None):
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    environ = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    environ.update(env or {})
+    return subprocess.run([sys.executable, "-m", "flows.cli", "run", str(path), *extra], cwd=ROOT, env=environ,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _assert_one_line_user_error(out: subprocess.CompletedProcess, *expected: str) -> str:
+    console = out.stdout + out.stderr
+    assert out.returncode == 2, console[-3000:]
+    assert "Traceback" not in console, console[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("tfdag: "), out.stderr[-2000:]
+    for text in expected:
+        assert text in last, last
+    return last
+
+
+def test_a_model_factory_that_cannot_be_imported_is_one_line_before_anything_runs(tmp_path):
+    out = _run(tmp_path, _config(tmp_path, model={"factory": "nosuchpkg.models:build"}))
+    _assert_one_line_user_error(out, "model.factory 'nosuchpkg.models:build'", "PYTHONPATH")
+    assert not (tmp_path / "out").exists(), "nothing may be written before the input is checked"
+
+
+def test_a_bad_tf_config_is_one_line_before_anything_runs(tmp_path):
+    out = _run(tmp_path, _config(tmp_path, train={"strategy": "multi_worker_mirrored"}),
+               env={"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1"]}, "task": {"type": "worker", "index": 0}}'})
+    _assert_one_line_user_error(out, "127.0.0.1", "port")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_source_and_an_unset_variable_are_one_line_each(tmp_path):
+    out = _run(tmp_path, _config(tmp_path, data={"source": str(tmp_path / "nowhere.csv")}))
+    _assert_one_line_user_error(out, "data.source", "nowhere.csv", "tfdag demo-data")
+    out = _run(tmp_path, _config(tmp_path, data={"storage_options": {"key": "${TFDAG_TEST_UNSET_KEY}"}}))
+    _assert_one_line_user_error(out, "TFDAG_TEST_UNSET_KEY", "export TFDAG_TEST_UNSET_KEY")
+
+
+def test_verbose_shows_the_traceback_of_a_user_error(tmp_path):
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(_config(tmp_path, model={"factory": "nosuchpkg.models:build"})))
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "-v", "run", str(path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2
+    assert "Traceback" in out.stderr and "ModelFactoryError" in out.stderr
+
+
+@pytest.mark.slow
+def test_a_bad_record_fails_in_the_flow_as_one_line_without_prefect_tracebacks(tmp_path, prefect_api):
+    config = _config(tmp_path)
+    raw = Path(config["data"]["source"])
+    lines = raw.read_text().splitlines()
+    cells = lines[5].split(",")
+    cells[3] = ""
+    lines[5] = ",".join(cells)
+    raw.write_text("\n".join(lines) + "\n")
+    out = _run(tmp_path, config, env={"PREFECT_API_URL": prefect_api})
+    last = _assert_one_line_user_error(out, str(raw))
+    assert "on_bad_record" in last, last
+
+
+@pytest.mark.slow
+def test_a_plan_that_cannot_work_fails_in_the_flow_as_one_line(tmp_path, prefect_api):
+    out = _run(tmp_path, _config(tmp_path, train={"per_replica_batch_size": 100_000}),
+               env={"PREFECT_API_URL": prefect_api})
+    _assert_one_line_user_error(out, "global batch")
+
+
+@pytest.mark.slow
+def test_a_deleted_experiment_fails_in_the_flow_as_one_line(tmp_path, prefect_api):
+    from mlflow import MlflowClient
+
+    from pipeline_lib.config import parse_config
+
+    config = _config(tmp_path)
+    uri = parse_config(config).mlflow_uri
+    client = MlflowClient(tracking_uri=uri)
+    client.delete_experiment(client.create_experiment("cli-errors"))
+    out = _run(tmp_path, config, env={"PREFECT_API_URL": prefect_api})
+    _assert_one_line_user_error(out, "tracking.experiment 'cli-errors' is deleted", "mlflow experiments restore")
