@@ -23,6 +23,7 @@ demo: $(STAMP)
 
 ## Run the test suite (unit, multi-replica, multi-worker, flow and server tests).
 test: $(STAMP)
+	./.ci/install-test-deps
 	$(BIN)/python -m pytest -q tests
 
 ## Benchmarks: ratios against baselines measured in the same run; writes bench/results.json.

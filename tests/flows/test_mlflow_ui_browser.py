@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -21,9 +22,12 @@ def _dump_dom(url: str, profile_dir: str, budget_ms: int) -> str:
     return out.stdout
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs Debian's `chromium`; "
-                                             "here: apt-get install -y chromium)")
 def test_mlflow_ui_shows_the_runs_metric_names(retrain_scenario, mlflow_client, tmp_path):
+    if CHROMIUM is None:
+        missing = "chromium is not installed (`make test` installs Debian's `chromium` when run as root)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{missing}: under CI=true a missing part fails the run")
+        pytest.skip(missing)
     assert retrain_scenario.first.returncode == 0, retrain_scenario.first.stdout[-3000:]
     experiment = mlflow_client.get_experiment_by_name("digits-retrain")
     run = mlflow_client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])[0]
