@@ -23,10 +23,10 @@ from bench import case
 
 _MEMORY_PROBE = """
 import json, sys
-from pipeline_lib.data import conversion
+from pipeline_lib.data.convert import convert
 from pipeline_lib.config import DataConfig
 data = DataConfig(source=sys.argv[1], label="label", target_shard_mb=64)
-manifest = conversion.convert(data, sys.argv[2])
+manifest = convert(data, sys.argv[2])
 # VmHWM (peak resident set) of this process image; ru_maxrss would include the forking parent's RSS.
 peak_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(json.dumps({"peak_rss_mb": peak_kb / 1024,
@@ -101,11 +101,12 @@ def per_row_baseline(x: np.ndarray, label: np.ndarray, out_dir: str, num_shards:
 
 def fast_write_seconds(x: np.ndarray, label: np.ndarray, out_dir: str, num_shards: int) -> tuple[float, int]:
     """(seconds, bytes) for the bulk writer on the same in-memory columns into the same number of files:
-    `encoding.encode_tfrecords` (protobuf + TFRecord framing + crc32c) and `TFRecordFileWriter` (O_DIRECT write,
+    `framing.encode_tfrecords` (protobuf + TFRecord framing + crc32c) and `TFRecordFileWriter` (O_DIRECT write,
     sha256, fsync: durable, as conversion writes local shards), in slices of 65536 rows, one after the other: one thread,
     with each block's sha256 beside its file write as in conversion, and no overlap of encoding and writing.
     """
-    from pipeline_lib.data import encoding
+    from pipeline_lib.data.framing import encode_tfrecords
+    from pipeline_lib.data.tfrecord_writer import TFRecordFileWriter
 
     os.makedirs(out_dir, exist_ok=True)
     per_shard = -(-len(x) // num_shards)
@@ -113,12 +114,11 @@ def fast_write_seconds(x: np.ndarray, label: np.ndarray, out_dir: str, num_shard
     hasher = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     start = time.perf_counter()
     for shard in range(num_shards):
-        writer = encoding.TFRecordFileWriter(os.path.join(out_dir, f"part-{shard:05d}.tfrecord"), durable=True,
-                                             hasher=hasher)
+        writer = TFRecordFileWriter(os.path.join(out_dir, f"part-{shard:05d}.tfrecord"), durable=True, hasher=hasher)
         rows = slice(shard * per_shard, (shard + 1) * per_shard)
         for offset in range(rows.start, min(rows.stop, len(x)), 65536):
             stop = min(offset + 65536, rows.stop, len(x))
-            writer.write(encoding.encode_tfrecords({"x": x[offset:stop], "label": label[offset:stop]}))
+            writer.write(encode_tfrecords({"x": x[offset:stop], "label": label[offset:stop]}))
         total += writer.close()[1]
     seconds = time.perf_counter() - start
     hasher.shutdown()
@@ -144,15 +144,15 @@ def raw_write_seconds(payloads: list[bytes], out_dir: str, durable: bool = True)
 
 def raw_direct_write_seconds(payloads: list[bytes], out_dir: str) -> float:
     """Seconds to write the same bytes to as many new files the way conversion writes durable shards: O_DIRECT
-    from an aligned buffer in 4 MiB blocks (`encoding._DirectFile`: one copy into the buffer, the padded tail
+    from an aligned buffer in 4 MiB blocks (`direct_io.DirectFile`: one copy into the buffer, the padded tail
     cut off again, fsync). Printed beside the plain write: on this machine it is the faster way to the disk.
     """
-    from pipeline_lib.data import encoding
+    from pipeline_lib.data.direct_io import DirectFile
 
     os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
     for i, payload in enumerate(payloads):
-        target = encoding._DirectFile(os.path.join(out_dir, f"direct-{i:05d}"))
+        target = DirectFile(os.path.join(out_dir, f"direct-{i:05d}"))
         target.write(payload)
         target.close()
     return time.perf_counter() - start
@@ -168,11 +168,11 @@ def peak_memory_mb(source: str, output_root: str) -> tuple[float, int]:
 
 
 def _convert_seconds(data, output_root: str):
-    from pipeline_lib.data import conversion
+    from pipeline_lib.data.convert import convert
 
     shutil.rmtree(output_root, ignore_errors=True)  # a fresh output: no reuse of an earlier manifest
     start = time.perf_counter()
-    manifest = conversion.convert(data, output_root)
+    manifest = convert(data, output_root)
     return time.perf_counter() - start, manifest
 
 

@@ -22,14 +22,16 @@ BATCH_SIZES = (32, 256, 1024)
 
 def _write_records(path: str, rows: int, width: int, num_classes: int = 10):
     """`rows` Examples of `width` scalar float features f0.. and an int64 label, written with tfdag's bulk encoder:
-    the bytes `tf.io.TFRecordWriter` writes for them (tests/pipeline_lib/data/test_encoding.py checks that), at a rate that lets
+    the bytes `tf.io.TFRecordWriter` writes for them (tests/pipeline_lib/data/test_framing.py checks that), at a rate that lets
     the bench use a million rows without a minutes-long per-row setup. Returns the records' byte layout, as
     conversion records it in the manifest (None if the chunks' layouts differ).
     """
-    from pipeline_lib.data import encoding
+    from pipeline_lib.data.framing import encode_tfrecords
+    from pipeline_lib.data.record_layout import record_layout
+    from pipeline_lib.data.tfrecord_writer import TFRecordFileWriter
 
     rng = np.random.default_rng(0)
-    writer = encoding.TFRecordFileWriter(path)
+    writer = TFRecordFileWriter(path)
     layouts = set()
     try:
         for start in range(0, rows, 65536):
@@ -37,8 +39,8 @@ def _write_records(path: str, rows: int, width: int, num_classes: int = 10):
             x = rng.standard_normal((n, width)).astype(np.float32)
             columns = {f"f{j}": np.ascontiguousarray(x[:, j]) for j in range(width)}
             columns["label"] = rng.integers(0, num_classes, size=n)
-            layouts.add(encoding.record_layout(columns))
-            writer.write(encoding.encode_tfrecords(columns))
+            layouts.add(record_layout(columns))
+            writer.write(encode_tfrecords(columns))
     finally:
         writer.close()
     return next(iter(layouts)) if len(layouts) == 1 else None

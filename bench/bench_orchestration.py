@@ -82,19 +82,19 @@ def run(rows: int = 0, width: int = 0, quick: bool = False) -> list[dict]:
     from pathlib import Path
 
     from flows import stack
-    from pipeline_lib.core import runs
-    from pipeline_lib.data import conversion
-    from pipeline_lib.launch import worker
+    from pipeline_lib.core import net, runs
+    from pipeline_lib.data.convert import convert
+    from pipeline_lib.launch.spec import RESULT_NAME
     from pipeline_lib.planning import sharding
     from pipeline_lib.training import loop as training
     from pipeline_lib.training import strategy
-    from pipeline_lib.training.loop import TrainResult
+    from pipeline_lib.training.results import TrainResult
 
     steps = QUICK_STEPS if quick else FULL_STEPS
     with tempfile.TemporaryDirectory() as root:
         config = _config(root, steps)
         warm_config = _config(root, 50)
-        manifest = conversion.convert(config.data, config.output_root)
+        manifest = convert(config.data, config.output_root)
 
         def direct(name: str, run_config=config):
             plan = sharding.plan_shards(manifest, num_workers=1, replicas_per_worker=strategy.replicas_per_worker(
@@ -102,7 +102,7 @@ def run(rows: int = 0, width: int = 0, quick: bool = False) -> list[dict]:
                 steps=run_config.train.steps)
             return training.train(run_config, manifest, plan, runs.run_dir_for(run_config.output_root, name))
 
-        server_s, server = _timed(stack.start_prefect_server, Path(root) / "prefect", stack.free_port())
+        server_s, server = _timed(stack.start_prefect_server, Path(root) / "prefect", net.free_port())
         # Set before Prefect is imported: its root settings, which threads outside the flow's context use (the
         # training task's log pump), are read then; without it they start a second, ephemeral server.
         previous_url = os.environ.get("PREFECT_API_URL")
@@ -124,7 +124,7 @@ def run(rows: int = 0, width: int = 0, quick: bool = False) -> list[dict]:
                     else:
                         seconds, summary = _timed(training_pipeline, config)
                         result = TrainResult.model_validate_json(
-                            Path(summary.run_dir, worker.RESULT_NAME).read_text())
+                            Path(summary.run_dir, RESULT_NAME).read_text())
                         outside.append(seconds - result.wall_s)
                     assert result.final_step == steps, (kind, result.final_step)
                     times[kind].append(seconds)

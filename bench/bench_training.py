@@ -39,6 +39,7 @@ NUM_CLASSES = 10
 WORKER_SOURCE = r'''
 import json, os, sys, time
 from pipeline_lib.training import loop as training
+from pipeline_lib.training.hooks import TrainHooks
 from pipeline_lib.config import parse_config
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.planning.sharding import ShardPlan
@@ -46,7 +47,7 @@ from pipeline_lib.planning.sharding import ShardPlan
 args = json.loads(sys.argv[1])
 
 
-class Clock(training.TrainHooks):
+class Clock(TrainHooks):
     def __init__(self):
         self.times = {}
 
@@ -106,8 +107,9 @@ def steady_rate(times: dict[int, tuple[float, float]], warmup_steps: int, exampl
 def _custom_loop(manifest, batch: int, hidden: list[int], steps: int, spe: int, warmup: int) -> tuple[float, float]:
     from pipeline_lib.planning.sharding import plan_shards
     from pipeline_lib.training import loop as training
+    from pipeline_lib.training.hooks import TrainHooks
 
-    class Clock(training.TrainHooks):
+    class Clock(TrainHooks):
         def __init__(self):
             self.times = {}
 
@@ -127,7 +129,7 @@ def _keras_fit(manifest, batch: int, hidden: list[int], steps: int, warmup: int,
     import keras
 
     from pipeline_lib.training import input_pipeline, models
-    from pipeline_lib.training.loop import epoch_seed
+    from pipeline_lib.training.epochs import epoch_seed
 
     config = _config(batch, hidden, steps, spe)
 

@@ -72,11 +72,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from pipeline_lib.data import conversion
+    from pipeline_lib.data.convert import convert
 
     config = _load(args.config)
     _prepare_demo_data(config)
-    manifest = conversion.convert(config.data, config.output_root, config.storage_options)
+    manifest = convert(config.data, config.output_root, config.storage_options)
     print(json.dumps({
         "dataset_uri": manifest.dataset_uri,
         "fingerprint": manifest.fingerprint,
@@ -89,13 +89,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from pipeline_lib.data import conversion
+    from pipeline_lib.data.convert import convert
     from pipeline_lib.planning import sharding
     from pipeline_lib.training import strategy
 
     config = _load(args.config)
     _prepare_demo_data(config)
-    manifest = conversion.convert(config.data, config.output_root, config.storage_options)
+    manifest = convert(config.data, config.output_root, config.storage_options)
     plan = sharding.plan_for_train(manifest, config.train, strategy.replicas_per_worker(config.train),
                                    num_workers=args.workers)
     print(sharding.plan_to_markdown(plan))
@@ -103,17 +103,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from pipeline_lib.cluster import validation as cluster
+    from pipeline_lib.cluster.check import validate_cluster
 
-    report = cluster.validate_cluster(_load(args.config))
+    report = validate_cluster(_load(args.config))
     print(report.to_markdown())
     return EXIT_OK
 
 
 def cmd_validate_cluster(args: argparse.Namespace) -> int:
-    from pipeline_lib.cluster import preflight
+    from pipeline_lib.cluster import validate_command
 
-    return preflight.run_validate_cluster(
+    return validate_command.run_validate_cluster(
         tf_config=args.tf_config,
         strategy=args.strategy,
         peers=args.peers,
@@ -125,14 +125,14 @@ def cmd_validate_cluster(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from pipeline_lib.core import runs
-    from pipeline_lib.data import conversion
+    from pipeline_lib.data.convert import convert
     from pipeline_lib.launch import local as launcher
     from pipeline_lib.planning import sharding
     from pipeline_lib.training import strategy
 
     config = _load(args.config)
     _prepare_demo_data(config)
-    manifest = conversion.convert(config.data, config.output_root, config.storage_options)
+    manifest = convert(config.data, config.output_root, config.storage_options)
     plan = sharding.plan_for_train(manifest, config.train, strategy.replicas_per_worker(config.train))
     run_dir = runs.run_dir_for(config.output_root, runs.new_run_name(config.name))
     result = launcher.launch_training(config, manifest, plan, run_dir, mlflow_run_id=None, log_fn=print)
@@ -141,11 +141,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from pipeline_lib.data import conversion
+    from pipeline_lib.data.convert import convert
     from pipeline_lib.evaluation import metrics as evaluation
 
     config = _load(args.config)
-    manifest = conversion.convert(config.data, config.output_root, config.storage_options)
+    manifest = convert(config.data, config.output_root, config.storage_options)
     report = evaluation.evaluate(config, manifest, args.model)
     print(report.to_markdown())
     return EXIT_OK
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tfdag: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - the CLI turns every error into one line and an exit code
         if args.verbose:
             traceback.print_exc()
         if is_user_error(error):

@@ -7,13 +7,15 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import create_markdown_artifact
+from prefect.exceptions import TerminationSignal
 from pydantic import BaseModel, ConfigDict
 
 from pipeline_lib.config import PipelineConfig, resolve_config
 from pipeline_lib.core import runs, storage
 from pipeline_lib.data import demo as demo_data
 from pipeline_lib.planning import sharding
-from pipeline_lib.tracking import mlflow_run as tracking
+from pipeline_lib.tracking.params import pipeline_params
+from pipeline_lib.tracking.run import RunStatus
 from pipeline_lib.training import strategy
 from tasks import stages
 
@@ -46,14 +48,15 @@ class PipelineSummary(BaseModel):
     gate_passed: bool | None
 
 
-class _Stage:
-    """Remembers the running stage so a failure artifact can name it."""
+class _Progress:
+    """The running stage and the MLflow run, so that a failure can name the one and end the other."""
 
     def __init__(self) -> None:
-        self.name = "load_config"
+        self.stage = "load_config"
+        self.mlflow_run_id: str | None = None
 
-    def __call__(self, name: str) -> None:
-        self.name = name
+    def __call__(self, stage: str) -> None:
+        self.stage = stage
 
 
 def _versions() -> dict[str, str]:
@@ -67,52 +70,84 @@ def _versions() -> dict[str, str]:
 
 
 def run_pipeline(config: PipelineConfig, *, extra_tags: dict[str, str] | None = None) -> PipelineSummary:
-    """The body of the flow, shared with the retrain flow (which calls it as a subflow)."""
-    stage = _Stage()
+    """The body of the flow, shared with the retrain flow (which calls it as a subflow).
+
+    With tracking enabled, the MLflow run starts once the storage check passed and always ends: FINISHED on
+    success; FAILED when a stage raises, with the stage in the `tfdag.failed_stage` tag; KILLED on Ctrl-C or a
+    Prefect cancellation. The supervisor's training restarts all log to this one run.
+    """
+    progress = _Progress()
     logger = get_run_logger()
     try:
-        return _run(config, stage, logger, extra_tags or {})
+        summary = _run(config, progress, logger, extra_tags or {})
+        progress("finish_tracking_run")
+        end_tracking_run(config, progress.mlflow_run_id, RunStatus.FINISHED)
+        return summary
+    except (KeyboardInterrupt, TerminationSignal):
+        logger.error("pipeline %r stopped in stage %s", config.name, progress.stage)
+        end_tracking_run(config, progress.mlflow_run_id, RunStatus.KILLED, progress.stage)
+        raise
     except Exception as error:
         create_markdown_artifact(
-            f"# Pipeline `{config.name}` failed\n\n**Stage:** `{stage.name}`\n\n**Error:**\n\n```\n{error}\n```\n",
+            f"# Pipeline `{config.name}` failed\n\n**Stage:** `{progress.stage}`\n\n**Error:**\n\n```\n{error}\n```\n",
             key=stages._key(f"{config.name}-failure"),
-            description=f"failed in stage {stage.name}",
+            description=f"failed in stage {progress.stage}",
         )
-        logger.error("pipeline %r failed in stage %s: %s", config.name, stage.name, error)
+        logger.error("pipeline %r failed in stage %s: %s", config.name, progress.stage, error)
+        end_tracking_run(config, progress.mlflow_run_id, RunStatus.FAILED, progress.stage)
         raise
 
 
-def _run(config: PipelineConfig, stage: _Stage, logger, extra_tags: dict[str, str]) -> PipelineSummary:
+def end_tracking_run(config: PipelineConfig, run_id: str | None, status: RunStatus,
+                     failed_stage: str | None = None) -> None:
+    """End the MLflow run (when there is one) with `status`.
+
+    A run that ends FAILED or KILLED records `failed_stage`. On those paths an error while ending the run is
+    logged, not raised: the error that stopped the pipeline is the one to report.
+    """
+    if run_id is None:
+        return
+    if status == RunStatus.FINISHED:
+        stages.finish_tracking_run(config, run_id, status)
+        return
+    try:
+        stages.finish_tracking_run(config, run_id, status, failed_stage)
+    except Exception as error:  # noqa: BLE001 - see the docstring
+        get_run_logger().warning("MLflow run %s could not be ended %s: %s", run_id, status.value, error)
+
+
+def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[str, str]) -> PipelineSummary:
     run_name = runs.new_run_name(config.name)
     run_dir = runs.run_dir_for(config.output_root, run_name)
     flow_run_id = str(runtime.flow_run.id or "")
     tags = {"prefect_flow_run_id": flow_run_id, "tfdag_run_name": run_name, **extra_tags}
 
-    stage("check_storage")
+    progress("check_storage")
     demo_data.ensure_demo_source(config.data)
     stages.check_storage(config)
-    stage("convert_to_tfrecords")
-    manifest = stages.convert_to_tfrecords(config)
-    stage("validate_cluster")
-    cluster_report = stages.validate_cluster(config)
-    stage("plan_shards")
-    plan = stages.plan_shards(config, manifest, strategy.replicas_per_worker(config.train))
-
     run_id = None
     if config.tracking.enabled:
-        stage("start_tracking_run")
-        run_id = stages.start_tracking_run(config, run_name, tags)
-    stage("train")
+        # Started before any data is converted, so that a failure in any later stage ends a FAILED run.
+        progress("start_tracking_run")
+        run_id = progress.mlflow_run_id = stages.start_tracking_run(config, run_name, tags)
+    progress("convert_to_tfrecords")
+    manifest = stages.convert_to_tfrecords(config)
+    progress("validate_cluster")
+    cluster_report = stages.validate_cluster(config)
+    progress("plan_shards")
+    plan = stages.plan_shards(config, manifest, strategy.replicas_per_worker(config.train))
+
+    progress("train")
     train_result = stages.train(config, manifest, plan, run_dir, run_id)
-    stage("consolidate_checkpoints")
+    progress("consolidate_checkpoints")
     export = stages.consolidate_checkpoints(config, manifest, train_result, storage.join(run_dir, "export"))
-    stage("evaluate")
+    progress("evaluate")
     report = stages.evaluate(config, manifest, export.keras_path)
 
     version = None
     if run_id:
-        stage("track")
-        params = tracking.pipeline_params(config, train_result, plan, manifest, _versions())
+        progress("track")
+        params = pipeline_params(config, train_result, plan, manifest, _versions())
         artifacts: dict[str, str | bytes] = {
             "data/manifest.json": manifest.to_json(),
             "data/shard_plan.json": plan.model_dump_json(indent=2),

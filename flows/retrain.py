@@ -3,26 +3,36 @@
 from __future__ import annotations
 
 import math
-import tempfile
 from typing import Any, Literal
 
-from prefect import flow, get_run_logger, runtime, task
+from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import (
     create_link_artifact,
     create_markdown_artifact,
     create_table_artifact,
 )
+from prefect.exceptions import TerminationSignal
 from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.pipeline import DEFAULT_CONFIG, PipelineSummary, run_pipeline
+from flows.pipeline import (
+    DEFAULT_CONFIG,
+    PipelineSummary,
+    end_tracking_run,
+    run_pipeline,
+)
 from pipeline_lib.config import ConfigError, PipelineConfig, resolve_config
-from pipeline_lib.core import storage
-from pipeline_lib.data import conversion
 from pipeline_lib.data import demo as demo_data
-from pipeline_lib.data.manifest import SourceFingerprint, load_manifest
-from pipeline_lib.evaluation import metrics as evaluation
+from pipeline_lib.evaluation.report import EvalReport
 from pipeline_lib.tracking import registry
+from pipeline_lib.tracking.run import RunStatus
+from tasks.retrain import (
+    evaluate_champion,
+    find_champion,
+    fingerprint_source,
+    prepare_warm_start,
+    record_decision,
+)
 from tasks.stages import _key
 
 RETRAIN_RUN_TAG = "tfdag.retrain_flow_run_id"
@@ -80,55 +90,6 @@ def load_retrain_config(params: RetrainParameters) -> PipelineConfig:
     return config
 
 
-@task(name="fingerprint_source", retries=2, retry_delay_seconds=2)
-def fingerprint_source(config: PipelineConfig) -> SourceFingerprint:
-    """A listing (paths, sizes, mtimes or etags) and the conversion settings; an object store listing can fail
-    transiently: retried."""
-    fingerprint = conversion.source_fingerprint(config.data)
-    get_run_logger().info("source %s: %d file(s), %d bytes, fingerprint %s", config.data.source,
-                          len(fingerprint.files), sum(f.size for f in fingerprint.files), fingerprint.sha256[:12])
-    return fingerprint
-
-
-@task(name="find_champion", retries=2, retry_delay_seconds=2)
-def find_champion(config: PipelineConfig) -> tuple[registry.VersionInfo | None, registry.VersionInfo | None]:
-    name = config.tracking.registered_model
-    assert name is not None
-    return registry.get_champion(config.mlflow_uri, name), registry.latest_version(config.mlflow_uri, name)
-
-
-@task(name="prepare_warm_start", retries=2, retry_delay_seconds=2)
-def prepare_warm_start(config: PipelineConfig, champion: registry.VersionInfo) -> str:
-    target = storage.join(config.output_root, "warm_start", f"{champion.name}-v{champion.version}")
-    with tempfile.TemporaryDirectory(prefix="tfdag-champion-") as tmp:
-        keras_path = registry.download_keras_model(config.mlflow_uri, champion.name, champion.version, tmp)
-        prefix = registry.write_warm_start_checkpoint(keras_path, target, config.storage_options)
-    get_run_logger().info("warm start from %s version %d: %s", champion.name, champion.version, prefix)
-    return prefix
-
-
-@task(name="evaluate_champion", retries=1, retry_delay_seconds=2)
-def evaluate_champion(config: PipelineConfig, data_fingerprint: str,
-                      champion: registry.VersionInfo) -> evaluation.EvalReport:
-    """The champion on the challenger's eval split: the same manifest, the same evaluation function."""
-    manifest = load_manifest(conversion.dataset_uri_for(config.output_root, data_fingerprint), config.storage_options)
-    with tempfile.TemporaryDirectory(prefix="tfdag-champion-") as tmp:
-        keras_path = registry.download_keras_model(config.mlflow_uri, champion.name, champion.version, tmp)
-        report = evaluation.evaluate(config, manifest, keras_path)
-    get_run_logger().info("champion %s v%d on the new eval split: %s", champion.name, champion.version,
-                          ", ".join(f"{k}={v:.4f}" for k, v in report.metrics.items()))
-    return report
-
-
-@task(name="record_decision", retries=2, retry_delay_seconds=2)
-def record_decision(config: PipelineConfig, challenger_version: int, decision: registry.Decision,
-                    fingerprint: SourceFingerprint, config_hash: str) -> registry.VersionInfo:
-    name = config.tracking.registered_model
-    assert name is not None
-    return registry.record_decision(config.mlflow_uri, name, challenger_version, decision,
-                                    fingerprint=fingerprint, config_hash=config_hash)
-
-
 @flow(name="training-pipeline", log_prints=True)
 def challenger_pipeline(config: PipelineConfig, extra_tags: dict[str, str]) -> PipelineSummary:
     """The training pipeline as a subflow of the retrain run, its versions tagged with the source fingerprint."""
@@ -141,7 +102,7 @@ def _score(metrics: dict[str, float], metric: str) -> float | None:
 
 
 def _comparison_rows(challenger: int, summary: PipelineSummary, champion: registry.VersionInfo | None,
-                     champion_report: evaluation.EvalReport | None) -> list[dict[str, Any]]:
+                     champion_report: EvalReport | None) -> list[dict[str, Any]]:
     rows = [{"model": f"challenger v{challenger}", **{k: round(v, 6) for k, v in summary.metrics.items()}}]
     if champion is not None and champion_report is not None:
         rows.append({"model": f"champion v{champion.version}",
@@ -172,6 +133,8 @@ def retrain(params: RetrainParameters = DEFAULT_PARAMETERS):
     """
     logger = get_run_logger()
     stage = "load_config"
+    config: PipelineConfig | None = None
+    summary: PipelineSummary | None = None
     try:
         config = load_retrain_config(params)
         name = config.tracking.registered_model
@@ -242,9 +205,24 @@ def retrain(params: RetrainParameters = DEFAULT_PARAMETERS):
             champion_metrics=champion_report.metrics if champion_report else {},
         )
         return Completed(message=message, data=result)
+    except (KeyboardInterrupt, TerminationSignal):
+        logger.error("retrain stopped in stage %s", stage)
+        _end_challenger_run(config, summary, RunStatus.KILLED, stage)
+        raise
     except Exception as error:
         create_markdown_artifact(
             f"# Retrain failed\n\n**Stage:** `{stage}`\n\n**Error:**\n\n```\n{error}\n```\n",
             key="retrain-failure", description=f"failed in stage {stage}")
         logger.error("retrain failed in stage %s: %s", stage, error)
+        _end_challenger_run(config, summary, RunStatus.FAILED, stage)
         raise
+
+
+def _end_challenger_run(config: PipelineConfig | None, summary: PipelineSummary | None, status: RunStatus,
+                        stage: str) -> None:
+    """A failure after the training subflow ended the challenger's MLflow run FINISHED marks that run too.
+
+    A failure inside the subflow has already ended the run with its own stage; before it there is no run.
+    """
+    if config is not None and summary is not None:
+        end_tracking_run(config, summary.mlflow_run_id, status, stage)

@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict
 
 from pipeline_lib.config import DEFAULT_ROOT
+from pipeline_lib.core.net import free_port, is_port_free
 
 logger = logging.getLogger(__name__)
 
@@ -116,22 +116,6 @@ def _write_state(root: str | os.PathLike[str], state: StackState) -> None:
 
 
 # --- ports --------------------------------------------------------------------------------------------------
-
-def is_port_free(port: int, host: str = HOST) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = HOST) -> int:
-    """A port nothing listens on now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
 
 def choose_port(configured: int | None, preferred: int, what: str) -> int:
     """The configured port (which must be free), else `preferred` when free, else any free port; 0 means any.

@@ -182,8 +182,20 @@ class TrainConfig(_Frozen):
     timeout_s: float | None = Field(None, gt=0.0)
     warm_start_uri: str | None = None
 
+    def uses_parameter_server(self, cluster_has_ps: bool | None = None) -> bool:
+        """Whether this run trains under parameter_server: the one rule launcher, worker and strategy share.
+
+        `strategy: parameter_server` always does; `auto` does when there are ps tasks: those TF_CONFIG lists
+        (`cluster_has_ps`, once a cluster exists) or, before the launcher starts one, `parameter_servers` > 0.
+        """
+        if self.strategy == Strategy.PARAMETER_SERVER:
+            return True
+        if self.strategy != Strategy.AUTO:
+            return False
+        return cluster_has_ps if cluster_has_ps is not None else self.parameter_servers > 0
+
     @model_validator(mode="after")
-    def _combinations(self) -> "TrainConfig":
+    def _combinations(self) -> TrainConfig:
         if self.parameter_servers and self.strategy not in (Strategy.PARAMETER_SERVER, Strategy.AUTO):
             raise ValueError(
                 f"parameter_servers ({self.parameter_servers}) needs strategy 'parameter_server', "
@@ -343,7 +355,7 @@ def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
     return parse_config(data if data is not None else {}, source=file.name)
 
 
-def resolve_config(config: "PipelineConfig | dict[str, Any] | str | os.PathLike[str]") -> PipelineConfig:
+def resolve_config(config: PipelineConfig | dict[str, Any] | str | os.PathLike[str]) -> PipelineConfig:
     """Accept a config object, an inline mapping, a YAML path, or inline YAML text."""
     if isinstance(config, PipelineConfig):
         return config

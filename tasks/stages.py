@@ -1,4 +1,8 @@
-"""One thin Prefect task per pipeline stage: names, retries, artifacts and logging; no logic."""
+"""One thin Prefect task per pipeline stage: names, retries, artifacts and logging; no logic.
+
+Tasks that touch storage or a server retry, but only transient failures (`tasks.retry.retry_if_transient`): a
+config, data or credentials error fails the same way on every attempt and fails at once.
+"""
 
 from __future__ import annotations
 
@@ -12,17 +16,21 @@ from prefect.artifacts import (
     create_table_artifact,
 )
 
-from pipeline_lib.cluster import validation as cluster_lib
+from pipeline_lib.cluster import check as cluster_check
+from pipeline_lib.cluster.report import ClusterReport
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
-from pipeline_lib.data import conversion
+from pipeline_lib.data.convert import convert
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.evaluation import consolidation
 from pipeline_lib.evaluation import metrics as evaluation
+from pipeline_lib.evaluation.report import EvalReport
 from pipeline_lib.launch import local as launcher
 from pipeline_lib.planning import sharding
-from pipeline_lib.tracking import mlflow_run as tracking
-from pipeline_lib.training.loop import TrainResult
+from pipeline_lib.tracking import model_logging
+from pipeline_lib.tracking import run as tracking
+from pipeline_lib.training.results import TrainResult
+from tasks.retry import RETRY_DELAY_SECONDS, retry_if_transient
 
 
 def _key(text: str) -> str:
@@ -30,18 +38,20 @@ def _key(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:90]
 
 
-@task(name="check_storage", retries=2, retry_delay_seconds=2)
+@task(name="check_storage", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
+      retry_condition_fn=retry_if_transient)
 def check_storage(config: PipelineConfig) -> None:
     """Every URI readable/writable with its credentials, before any data is converted or a cluster starts."""
     checked = storage.check_storage(config)
     get_run_logger().info("storage reachable: %s", ", ".join(checked))
 
 
-@task(name="convert_to_tfrecords", retries=2, retry_delay_seconds=2)
+@task(name="convert_to_tfrecords", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
+      retry_condition_fn=retry_if_transient)
 def convert_to_tfrecords(config: PipelineConfig) -> Manifest:
-    """Storage I/O can fail transiently (an object store outage): retried."""
+    """Storage I/O can fail transiently (an object store outage): retried; bad input is not."""
     logger = get_run_logger()
-    manifest = conversion.convert(config.data, config.output_root, config.storage_options)
+    manifest = convert(config.data, config.output_root, config.storage_options)
     logger.info(
         "TFRecords %s: %d train / %d eval records in %d shards (%d bad records skipped)",
         manifest.dataset_uri,
@@ -65,14 +75,15 @@ def plan_shards(config: PipelineConfig, manifest: Manifest, replicas_per_worker:
 
 
 @task(name="validate_cluster")
-def validate_cluster(config: PipelineConfig) -> cluster_lib.ClusterReport:
-    report = cluster_lib.validate_cluster(config)
+def validate_cluster(config: PipelineConfig) -> ClusterReport:
+    report = cluster_check.validate_cluster(config)
     create_markdown_artifact(report.to_markdown(), key=_key(f"{config.name}-cluster-report"),
                              description="Cluster environment report")
     return report
 
 
-@task(name="start_tracking_run", retries=2, retry_delay_seconds=2)
+@task(name="start_tracking_run", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
+      retry_condition_fn=retry_if_transient)
 def start_tracking_run(config: PipelineConfig, run_name: str, tags: dict[str, str]) -> str:
     run_id = tracking.start_run(config, run_name, tags=tags)
     get_run_logger().info("MLflow run %s in experiment %r at %s", run_id, config.tracking.experiment, config.mlflow_uri)
@@ -116,7 +127,7 @@ def consolidate_checkpoints(config: PipelineConfig, manifest: Manifest, train_re
 
 
 @task(name="evaluate")
-def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str) -> evaluation.EvalReport:
+def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str) -> EvalReport:
     report = evaluation.evaluate(config, manifest, model_path)
     create_markdown_artifact(report.to_markdown(), key=_key(f"{config.name}-evaluation"),
                              description="Evaluation on the eval split")
@@ -126,17 +137,18 @@ def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str) -> eva
     return report
 
 
-@task(name="track", retries=2, retry_delay_seconds=2)
+@task(name="track", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
+      retry_condition_fn=retry_if_transient)
 def track(config: PipelineConfig, run_id: str, params: dict[str, Any], artifacts: dict[str, str | bytes],
-          eval_report: evaluation.EvalReport, export: consolidation.ExportResult, manifest: Manifest,
-          tags: dict[str, str]) -> tracking.ModelVersionInfo | None:
+          eval_report: EvalReport, export: consolidation.ExportResult, manifest: Manifest,
+          tags: dict[str, str]) -> model_logging.ModelVersionInfo | None:
     uri = config.mlflow_uri
     tracking.log_params(run_id, uri, params)
     tracking.log_final_metrics(run_id, uri, eval_report.metrics)
     tracking.log_artifacts(run_id, uri, artifacts)
     version = None
     if config.tracking.registered_model:
-        version = tracking.log_and_register_model(
+        version = model_logging.log_and_register_model(
             run_id, uri, export.keras_path, config.tracking.registered_model, manifest, tags=tags,
             storage_options=config.storage_options,
         )
@@ -145,3 +157,13 @@ def track(config: PipelineConfig, run_id: str, params: dict[str, Any], artifacts
     if ui:
         create_link_artifact(ui, link_text="MLflow run", key=_key(f"{config.name}-mlflow-run"))
     return version
+
+
+@task(name="finish_tracking_run", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
+      retry_condition_fn=retry_if_transient)
+def finish_tracking_run(config: PipelineConfig, run_id: str, status: tracking.RunStatus,
+                        failed_stage: str | None = None) -> None:
+    """End the MLflow run FINISHED, FAILED or KILLED; a failed run names the stage that raised."""
+    tracking.finish_run(run_id, config.mlflow_uri, status, failed_stage=failed_stage)
+    get_run_logger().info("MLflow run %s ended %s%s", run_id, tracking.RunStatus(status).value,
+                          f" in stage {failed_stage}" if failed_stage else "")

@@ -11,7 +11,7 @@ from pipeline_lib.core import storage
 
 def new_run_name(pipeline_name: str) -> str:
     """A sortable, unique run name: <pipeline>-<UTC timestamp>-<6 hex>."""
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", pipeline_name).strip("-") or "pipeline"
     return f"{safe}-{stamp}-{uuid.uuid4().hex[:6]}"
 

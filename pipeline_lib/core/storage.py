@@ -7,7 +7,8 @@ import logging
 import os
 import posixpath
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import fsspec
 from fsspec.core import url_to_fs
@@ -166,21 +167,7 @@ def iter_files(local_dir: str) -> Iterator[str]:
     yield from sorted(found)
 
 
-import fsspec.implementations.local  # noqa: E402  (registers LocalFileSystem for isinstance checks)
-
-SECRET_MARKERS = ("KEY", "SECRET", "TOKEN", "PASSWORD")
-
-
-def redact_options(options: dict[str, Any] | None) -> dict[str, Any]:
-    """storage_options safe to log: values under names containing KEY, SECRET, TOKEN or PASSWORD masked."""
-    def clean(value: Any, name: str = "") -> Any:
-        if any(marker in name.upper() for marker in SECRET_MARKERS):
-            return "***"
-        if isinstance(value, dict):
-            return {k: clean(v, str(k)) for k, v in value.items()}
-        return value
-
-    return clean(dict(options or {}))
+import fsspec.implementations.local
 
 
 def _has_glob(uri: str) -> bool:

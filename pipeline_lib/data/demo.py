@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import io
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from pipeline_lib.config import DataConfig
 from pipeline_lib.core import storage
-
-if TYPE_CHECKING:
-    from pipeline_lib.config import DataConfig
+from pipeline_lib.data.errors import raise_if_outage
 
 logger = logging.getLogger(__name__)
 
@@ -19,9 +18,8 @@ LABEL = "target"
 
 def digits_csv_bytes() -> bytes:
     """The 1797 digits as CSV: a header `pixel_0..pixel_63,target`, pixels as floats, the digit as an int."""
-    from sklearn.datasets import (
-        load_digits,  # bundled with scikit-learn: reads a local file, no download
-    )
+    # Imported here: scikit-learn is slow to import and only the demo needs it. It reads a bundled file, no download.
+    from sklearn.datasets import load_digits
 
     digits = load_digits()
     out = io.StringIO()
@@ -44,11 +42,13 @@ def write_digits_csv(uri: str, storage_options: dict[str, Any] | None = None) ->
 
     Raises:
         storage.StorageError: when the destination cannot be written; names the URI.
+        storage.StorageUnavailable: when the storage does not answer (a retry may succeed).
     """
     fs, path = storage.get_fs(uri, storage_options)
     try:
         storage.write_bytes_atomic(fs, path, digits_csv_bytes())
-    except (OSError, PermissionError) as error:
+    except OSError as error:
+        raise_if_outage(error, uri, "writing the digits CSV to")
         raise storage.StorageError(
             f"cannot write the digits CSV to {uri!r} ({type(error).__name__}: {error}); check the path, the "
             "bucket and its credentials"
@@ -69,7 +69,7 @@ def ensure_digits_csv(uri: str, storage_options: dict[str, Any] | None = None) -
 DEMO_FILE_NAME = "digits.csv"
 
 
-def ensure_demo_source(data: "DataConfig") -> bool:
+def ensure_demo_source(data: DataConfig) -> bool:
     """The demo configs read `digits.csv`: write the bundled digits there on first use (no download).
 
     Returns True when the source is the demo file (written now or already present).

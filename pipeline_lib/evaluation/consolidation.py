@@ -13,14 +13,14 @@ import keras
 import tensorflow as tf
 from pydantic import BaseModel, ConfigDict
 
-from pipeline_lib.checkpoints import publish
-from pipeline_lib.checkpoints import store as checkpoints
-from pipeline_lib.config import Direction, PipelineConfig
+from pipeline_lib.checkpoints import manifests, publish, run_storage, selection
+from pipeline_lib.checkpoints.records import CheckpointRecord
+from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
 from pipeline_lib.core.errors import TfdagError
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.training import input_pipeline, models
-from pipeline_lib.training.loop import CheckpointRecord, TrainResult
+from pipeline_lib.training.results import TrainResult
 
 logger = logging.getLogger(__name__)
 
@@ -60,14 +60,11 @@ def rank_checkpoints(config: PipelineConfig, records: tuple[CheckpointRecord, ..
     newest_first = sorted(records, key=lambda r: r.step, reverse=True)
     if config.evaluation.select == "latest":
         return [(r, "latest") for r in newest_first]
-    metric, direction = checkpoints.selection_metric(config)
-    scored = [r for r in newest_first if metric in r.metrics]
-    if not scored:
+    metric, direction = selection.selection_metric(config)
+    best = selection.rank_by_metric(records, metric, direction)
+    if not best:
         logger.warning("no checkpoint records %s; selecting the latest instead of the best", metric)
         return [(r, f"latest (no checkpoint records {metric})") for r in newest_first]
-    sign = -1.0 if direction == Direction.MAX else 1.0
-    # sorted() is stable, so equal metrics keep the newest-first order.
-    best = sorted(scored, key=lambda r: sign * r.metrics[metric])
     unscored = [r for r in newest_first if metric not in r.metrics]
     label = f"best {metric} ({direction.value})"
     return [(r, label) for r in best] + [(r, f"latest without {metric}") for r in unscored]
@@ -81,10 +78,10 @@ def restore_model(config: PipelineConfig, manifest: Manifest, record: Checkpoint
     """
     try:
         # TensorFlow reads local files only: a remote run's checkpoint is downloaded and verified first.
-        local = publish.localize_checkpoint(record, config.storage_options)
+        local = run_storage.localize_checkpoint(record, config.storage_options)
     except publish.PublishError as error:
         raise ConsolidationError(f"checkpoint {record.path} (step {record.step}) cannot be fetched: {error}") from error
-    problem = checkpoints.verify(local.path)
+    problem = manifests.verify(local.path)
     if problem is not None:
         raise ConsolidationError(f"checkpoint {record.path} (step {record.step}) is not valid: {problem}")
     model = models.create_model(config.model, manifest.feature_schema)

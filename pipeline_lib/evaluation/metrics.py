@@ -1,8 +1,7 @@
-"""Evaluation of a trained model on the eval split: loss, accuracy, AUC, MAE, RMSE, a confusion matrix, the gate."""
+"""Evaluation of a trained model on the eval split: loss, accuracy, AUC, MAE, RMSE and a confusion matrix."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -12,12 +11,12 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
-from pydantic import BaseModel, ConfigDict
 
-from pipeline_lib.config import Direction, GateConfig, PipelineConfig, Task
+from pipeline_lib.config import PipelineConfig, Task
 from pipeline_lib.core import storage
-from pipeline_lib.core.errors import TfdagError
 from pipeline_lib.data.manifest import Manifest
+from pipeline_lib.evaluation.gate import apply_gate
+from pipeline_lib.evaluation.report import EvalReport, EvaluationError
 from pipeline_lib.training import input_pipeline, staging
 
 logger = logging.getLogger(__name__)
@@ -25,70 +24,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_BATCH_SIZE = 256
 CLASSIFICATION_METRICS = ("loss", "accuracy", "auc")
 REGRESSION_METRICS = ("loss", "mae", "rmse")
-# Metrics where a smaller value is better, whatever the gate's direction says.
-_LOWER_IS_BETTER = {"loss", "mae", "rmse"}
-
-
-class EvaluationError(TfdagError, RuntimeError):
-    """The model cannot be evaluated or gated; the message names the value, its source and the fix."""
-
-
-class GateResult(BaseModel):
-    """Whether an evaluation reaches `evaluation.gate.threshold` on `evaluation.gate.metric`."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    metric: str
-    value: float | None
-    threshold: float | None
-    direction: str  # "max" or "min"
-    passed: bool
-    reason: str
-
-
-class EvalReport(BaseModel):
-    """Metrics of one model on one split."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    task: str  # Task value
-    split: str = "eval"
-    metrics: dict[str, float]
-    confusion_matrix: list[list[int]] | None = None  # rows: true class, columns: predicted class
-    class_names: list[str] | None = None
-    num_examples: int
-    model_path: str | None = None
-    gate: GateResult | None = None
-
-    @property
-    def gate_passed(self) -> bool | None:
-        """The gate's verdict, or None when no gate was applied."""
-        return None if self.gate is None else self.gate.passed
-
-    def to_json(self) -> str:
-        """The report as indented JSON (NaN metrics become null)."""
-        payload = self.model_dump(mode="json")
-        payload["metrics"] = {k: (None if math.isnan(v) else v) for k, v in self.metrics.items()}
-        return json.dumps(payload, indent=2, sort_keys=True)
-
-    def to_markdown(self) -> str:
-        """A metrics table, the gate's verdict and the confusion matrix, as Markdown."""
-        lines = [f"# Evaluation on the {self.split} split", "",
-                 f"{self.num_examples} examples, task {self.task}"
-                 + (f", model `{self.model_path}`" if self.model_path else ""), "",
-                 "| metric | value |", "|---|---|"]
-        lines += [f"| {name} | {value:.4f} |" for name, value in self.metrics.items()]
-        if self.gate is not None:
-            verdict = "passed" if self.gate.passed else "FAILED"
-            lines += ["", f"**Gate {verdict}:** {self.gate.reason}"]
-        if self.confusion_matrix is not None:
-            names = self.class_names or [str(i) for i in range(len(self.confusion_matrix))]
-            lines += ["", "## Confusion matrix (rows: true, columns: predicted)", "",
-                      "| true \\ predicted | " + " | ".join(names) + " |",
-                      "|---|" + "---|" * len(names)]
-            lines += [f"| **{names[i]}** | " + " | ".join(str(c) for c in row) + " |"
-                      for i, row in enumerate(self.confusion_matrix)]
-        return "\n".join(lines) + "\n"
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -255,40 +190,6 @@ def load_model(model_path: str, storage_options: dict[str, Any] | None = None) -
         return keras.saving.load_model(local, compile=False)
 
 
-def gate(report: EvalReport, gate_config: GateConfig) -> GateResult:
-    """Check a report against `evaluation.gate.threshold` (no threshold: the gate passes).
-
-    The direction is the gate's, except for loss, mae and rmse, where lower is always better.
-
-    Raises:
-        EvaluationError: when a threshold is set on a metric the report does not have.
-    """
-    metric = gate_config.metric
-    direction = Direction.MIN if metric in _LOWER_IS_BETTER else gate_config.direction
-    value = report.metrics.get(metric)
-    threshold = gate_config.threshold
-    if threshold is None:
-        return GateResult(metric=metric, value=value, threshold=None, direction=direction.value, passed=True,
-                          reason=f"no evaluation.gate.threshold set; {metric} = {_fmt(value)}")
-    if value is None:
-        raise EvaluationError(
-            f"evaluation.gate.metric ({metric!r}) is not among the {report.task} metrics "
-            f"{sorted(report.metrics)}; choose one of those"
-        )
-    if math.isnan(value):
-        passed = False
-    else:
-        passed = value >= threshold if direction == Direction.MAX else value <= threshold
-    relation = "≥" if direction == Direction.MAX else "≤"
-    reason = f"{metric} = {_fmt(value)}, needs {relation} {threshold:g}"
-    return GateResult(metric=metric, value=value, threshold=threshold, direction=direction.value, passed=passed,
-                      reason=reason)
-
-
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4f}"
-
-
 def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, *,
              batch_size: int = DEFAULT_BATCH_SIZE) -> EvalReport:
     """Evaluate an exported `.keras` model on the eval split and apply the configured gate.
@@ -319,7 +220,7 @@ def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, *,
     model = load_model(model_path, config.storage_options)
     manifest = staging.stage_split(manifest, "eval", storage_options=config.storage_options)
     report = evaluate_model(model, manifest, task, batch_size=batch_size, model_path=model_path)
-    verdict = gate(report, config.evaluation.gate)
+    verdict = apply_gate(report, config.evaluation.gate)
     if not verdict.passed:
         logger.warning("evaluation gate failed: %s", verdict.reason)
     return report.model_copy(update={"gate": verdict})

@@ -1,0 +1,1 @@
+"""Launching training: the local launcher, its supervisor and watchdog, and the worker entry point."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pipeline_lib.cluster import validation as cluster_validation
+from pipeline_lib.cluster.check import validate_cluster
+from pipeline_lib.cluster.report import ClusterReport
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
 from pipeline_lib.data import demo
@@ -17,7 +18,7 @@ class InputCheck:
     """What was proved before anything ran: the storage URIs that answered and the cluster report."""
 
     storage_checked: tuple[str, ...]
-    cluster_report: cluster_validation.ClusterReport
+    cluster_report: ClusterReport
 
 
 def check_inputs(config: PipelineConfig, environ: Mapping[str, str] | None = None) -> InputCheck:
@@ -33,7 +34,7 @@ def check_inputs(config: PipelineConfig, environ: Mapping[str, str] | None = Non
     """
     if config.model.factory not in models.BUILTINS:
         models.import_factory(config.model.factory)
-    report = cluster_validation.validate_cluster(config, environ)
+    report = validate_cluster(config, environ)
     demo.ensure_demo_source(config.data)
     checked = storage.check_storage(config)
     return InputCheck(storage_checked=checked, cluster_report=report)

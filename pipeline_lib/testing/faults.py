@@ -15,7 +15,7 @@
 parameter_server only the chief runs the step loop, so only `worker=0` fires there. A fault fires once per
 run: a marker file `<run_dir>/.faults/<action>-worker<N>` is written just before it fires, so the attempt the
 supervisor restarts does not fire it again. Corrupting the latest checkpoint is done by the tests on disk.
-Never set TFDAG_FAULT outside tests.
+Never set TFDAG_FAULT outside tests: the worker imports this module only when it is set.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from collections.abc import Mapping
 
 from pipeline_lib.core import storage
 from pipeline_lib.core.errors import TfdagError, UserError
+from pipeline_lib.launch.spec import FAULT_ENV
 
 logger = logging.getLogger(__name__)
 
-ENV_VAR = "TFDAG_FAULT"
 ACTIONS = ("kill", "stop", "term", "raise", "kill_during_save")
 MARKER_DIR = ".faults"
 _FORMS = ("kill:worker=N:step=S, stop:worker=N:step=S, term:worker=N:step=S, raise:worker=N:step=S, "
@@ -62,7 +62,7 @@ class Fault:
         return f"{self.action}-worker{self.worker}"
 
 
-def parse_faults(text: str | None, source: str = ENV_VAR) -> tuple[Fault, ...]:
+def parse_faults(text: str | None, source: str = FAULT_ENV) -> tuple[Fault, ...]:
     """Parse a TFDAG_FAULT value into faults (empty or unset: none).
 
     Raises:
@@ -178,7 +178,7 @@ def injector_from_env(worker_index: int, run_dir: str, environ: Mapping[str, str
         FaultSpecError: when TFDAG_FAULT is set but malformed.
     """
     environ = os.environ if environ is None else environ
-    faults = parse_faults(environ.get(ENV_VAR))
+    faults = parse_faults(environ.get(FAULT_ENV))
     injector = FaultInjector(faults, worker_index, run_dir, storage_options)
     if not injector:
         return None

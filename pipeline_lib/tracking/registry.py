@@ -17,11 +17,14 @@ from pipeline_lib.config import (
     Direction,
     GateConfig,
     PipelineConfig,
+    metric_direction,
     parse_config,
 )
 from pipeline_lib.core import storage
 from pipeline_lib.core.errors import TfdagError
 from pipeline_lib.data.manifest import SourceFingerprint
+from pipeline_lib.evaluation.gate import reaches_threshold, threshold_text
+from pipeline_lib.tracking.client import create_client
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +38,6 @@ CHAMPION_SCORE_TAG = "tfdag.champion_score"
 COMPARED_WITH_TAG = "tfdag.compared_with_version"
 GATE_METRIC_TAG = "tfdag.gate_metric"
 REASON_TAG = "tfdag.decision_reason"
-# The same rule as evaluation.gate: for these metrics smaller is better whatever gate.direction says.
-LOWER_IS_BETTER = frozenset({"loss", "mae", "rmse"})
 _TOLERANCE = 1e-9
 
 
@@ -80,11 +81,6 @@ class Decision(BaseModel):
     reason: str
 
 
-def effective_direction(gate: GateConfig) -> Direction:
-    """The gate's direction, except for loss, mae and rmse, where smaller is always better."""
-    return Direction.MIN if gate.metric in LOWER_IS_BETTER else gate.direction
-
-
 def _is_number(value: float | None) -> bool:
     return value is not None and not math.isnan(value)
 
@@ -107,7 +103,7 @@ def decide(challenger_score: float | None, champion_score: float | None, gate: G
     Returns:
         The Decision.
     """
-    direction = effective_direction(gate)
+    direction = metric_direction(gate.metric, gate.direction)
     metric = gate.metric
 
     def verdict(blessed: bool, reason: str) -> Decision:
@@ -118,13 +114,9 @@ def decide(challenger_score: float | None, champion_score: float | None, gate: G
     if not _is_number(challenger_score):
         return verdict(False, f"the challenger has no {metric} score ({challenger_score})")
     assert challenger_score is not None
-    if gate.threshold is not None:
-        reaches = challenger_score >= gate.threshold if direction == Direction.MAX else \
-            challenger_score <= gate.threshold
-        if not reaches:
-            relation = "≥" if direction == Direction.MAX else "≤"
-            return verdict(False, f"challenger {metric} {challenger_score:.4f} misses evaluation.gate.threshold "
-                                  f"({relation} {gate.threshold:g})")
+    if gate.threshold is not None and not reaches_threshold(challenger_score, gate.threshold, direction):
+        return verdict(False, f"challenger {metric} {challenger_score:.4f} misses evaluation.gate.threshold "
+                              f"({threshold_text(gate.threshold, direction)})")
     if champion_version is None and champion_score is None:
         return verdict(True, f"no champion yet; the first model ({metric} {challenger_score:.4f}) is promoted")
     if not _is_number(champion_score):
@@ -142,14 +134,6 @@ def decide(challenger_score: float | None, champion_score: float | None, gate: G
     return verdict(better, ("promoted: " if better else "kept the champion: ") + comparison)
 
 
-def _client(tracking_uri: str):
-    from mlflow import MlflowClient
-
-    if tracking_uri.startswith("sqlite:///"):
-        os.makedirs(os.path.dirname(tracking_uri.removeprefix("sqlite:///")) or ".", exist_ok=True)
-    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-
-
 def _version_info(mv) -> VersionInfo:
     return VersionInfo(name=mv.name, version=int(mv.version), run_id=mv.run_id or None,
                        tags=dict(mv.tags or {}), aliases=tuple(getattr(mv, "aliases", None) or ()))
@@ -159,7 +143,7 @@ def get_champion(tracking_uri: str, model_name: str, alias: str = CHAMPION_ALIAS
     """The version the alias points at, or None when the model or the alias does not exist yet."""
     from mlflow.exceptions import MlflowException
 
-    client = _client(tracking_uri)
+    client = create_client(tracking_uri)
     try:
         mv = client.get_model_version_by_alias(model_name, alias)
     except MlflowException as error:
@@ -171,12 +155,12 @@ def get_champion(tracking_uri: str, model_name: str, alias: str = CHAMPION_ALIAS
 
 def get_version(tracking_uri: str, model_name: str, version: int | str) -> VersionInfo:
     """One registered version with its tags and aliases."""
-    return _version_info(_client(tracking_uri).get_model_version(model_name, str(version)))
+    return _version_info(create_client(tracking_uri).get_model_version(model_name, str(version)))
 
 
 def latest_version(tracking_uri: str, model_name: str) -> VersionInfo | None:
     """The newest registered version of the model, or None when it has none."""
-    client = _client(tracking_uri)
+    client = create_client(tracking_uri)
     versions = client.search_model_versions(f"name = '{model_name}'", max_results=1000)
     if not versions:
         return None
@@ -198,7 +182,7 @@ def check_for_new_data(fingerprint: SourceFingerprint, config_hash: str, champio
                        latest: VersionInfo | None) -> TrainCheck:
     """Train when the data differs from the champion's (and from a refused challenger's of the same config).
 
-    `fingerprint` is `conversion.source_fingerprint(config.data)`: the source files' paths, sizes and mtimes or
+    `fingerprint` is `data.sources.source_fingerprint(config.data)`: the source files' paths, sizes and mtimes or
     etags (a listing, no content read) with the conversion settings, the same value the manifest records.
 
     A challenger refused on exactly this data and config would be retrained to the same refusal every night,
@@ -230,7 +214,7 @@ def record_decision(tracking_uri: str, model_name: str, challenger_version: int 
     Returns:
         The challenger version as the registry now holds it.
     """
-    client = _client(tracking_uri)
+    client = create_client(tracking_uri)
     version = str(challenger_version)
 
     def score(value: float | None) -> str:
@@ -266,7 +250,7 @@ def download_keras_model(tracking_uri: str, model_name: str, version: int | str,
     """
     import mlflow
 
-    client = _client(tracking_uri)
+    client = create_client(tracking_uri)
     # The version's own download URI (a run or logged-model artifact URI) needs no process-wide registry URI.
     source = client.get_model_version_download_uri(model_name, str(version))
     local = mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=dst_dir, tracking_uri=tracking_uri)
@@ -274,7 +258,7 @@ def download_keras_model(tracking_uri: str, model_name: str, version: int | str,
     if not found:
         raise RegistryError(
             f"registered model {model_name!r} version {version} ({source}) holds no .keras file; "
-            "retrain compares against versions that tfdag registered (tracking.log_and_register_model)"
+            "retrain compares against versions that tfdag registered (tracking.model_logging.log_and_register_model)"
         )
     return found[0]
 

@@ -11,24 +11,24 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import logging
 import os
 import time
-import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from pipeline_lib.cluster.validation import ClusterInfo
+from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.core import storage
+from pipeline_lib.core.download import ChecksumMismatch, download_verified
+from pipeline_lib.core.paths import default_cache_dir
+from pipeline_lib.core.retry import retry_with_backoff
 from pipeline_lib.data.manifest import Manifest, ShardInfo
 from pipeline_lib.planning.sharding import AutoShardPolicy, ShardPlan
 
 logger = logging.getLogger(__name__)
 
-CACHE_ENV = "TFDAG_CACHE_DIR"
 DATASETS_DIR = "datasets"
 DEFAULT_RETRIES = 3
 RETRY_BACKOFF_S = 1.0
@@ -47,11 +47,6 @@ class StageReport(BaseModel):
     downloaded: tuple[str, ...]  # manifest-relative shard paths fetched now
     reused: tuple[str, ...]  # already in the cache and verified
     num_bytes_downloaded: int
-
-
-def default_cache_dir() -> str:
-    """`$TFDAG_CACHE_DIR`, else `~/.cache/tfdag`: the root of every local cache tfdag keeps."""
-    return os.path.abspath(os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "tfdag"))
 
 
 def needs_staging(manifest: Manifest) -> bool:
@@ -118,58 +113,33 @@ def _is_verified(path: str, shard: ShardInfo) -> bool:
     return storage.sha256_local(path) == shard.sha256
 
 
-def _download_verified(fs, remote_path: str, local_path: str, shard: ShardInfo, uri: str) -> int:
-    """Stream one object to a temporary file, hashing as it goes; publish it by rename only if it verifies."""
-    tmp = f"{local_path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    digest = hashlib.sha256()
-    size = 0
+def _fetch_shard(fs, remote_path: str, local_path: str, shard: ShardInfo, uri: str, retries: int) -> int:
+    """Download one shard, verified, retrying transient errors and checksum mismatches (a concurrent overwrite)."""
     try:
-        with fs.open(remote_path, "rb", block_size=storage.CHUNK_BYTES) as source, open(tmp, "wb") as target:
-            for chunk in iter(lambda: source.read(storage.CHUNK_BYTES), b""):
-                digest.update(chunk)
-                target.write(chunk)
-                size += len(chunk)
-        if digest.hexdigest() != shard.sha256:
-            raise StagingError(
-                f"shard {uri} has sha256 {digest.hexdigest()[:12]}… ({size} bytes) but its manifest records "
-                f"{shard.sha256[:12]}… ({shard.num_bytes} bytes); the dataset changed after conversion: convert "
-                "the data again (a new output_root/data/<fingerprint>) rather than editing shards in place"
-            )
-        os.replace(tmp, local_path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return size
-
-
-def _fetch_with_retries(fs, remote_path: str, local_path: str, shard: ShardInfo, uri: str, retries: int) -> int:
-    attempt = 0
-    while True:
-        try:
-            return _download_verified(fs, remote_path, local_path, shard, uri)
-        except Exception as error:
-            if isinstance(error, FileNotFoundError):
-                raise StagingError(
-                    f"shard {uri} listed in the manifest of the dataset does not exist; the dataset is incomplete "
-                    "or was deleted: convert the data again"
-                ) from error
-            if isinstance(error, PermissionError):
-                raise StagingError(
-                    f"reading shard {uri} was refused ({error}); check the credentials for output_root (the "
-                    "environment, or storage_options in the config)"
-                ) from error
-            if attempt >= retries:
-                if isinstance(error, StagingError):
-                    raise
-                raise StagingError(
-                    f"could not download shard {uri} after {attempt + 1} attempt(s): {type(error).__name__}: "
-                    f"{error}; check that the storage endpoint is reachable"
-                ) from error
-            attempt += 1
-            delay = RETRY_BACKOFF_S * 2 ** (attempt - 1)
-            logger.warning("staging %s failed (%s: %s); retry %d of %d in %.1fs", uri, type(error).__name__, error,
-                           attempt, retries, delay)
-            time.sleep(delay)
+        return retry_with_backoff(lambda: download_verified(fs, remote_path, local_path, shard.sha256),
+                                  f"staging {uri}", retries=retries, backoff_s=RETRY_BACKOFF_S,
+                                  is_permanent=lambda error: isinstance(error, (FileNotFoundError, PermissionError)))
+    except FileNotFoundError as error:
+        raise StagingError(
+            f"shard {uri} listed in the manifest of the dataset does not exist; the dataset is incomplete "
+            "or was deleted: convert the data again"
+        ) from error
+    except PermissionError as error:
+        raise StagingError(
+            f"reading shard {uri} was refused ({error}); check the credentials for output_root (the "
+            "environment, or storage_options in the config)"
+        ) from error
+    except ChecksumMismatch as error:
+        raise StagingError(
+            f"shard {uri} has sha256 {error.digest[:12]}… ({error.num_bytes} bytes) but its manifest records "
+            f"{shard.sha256[:12]}… ({shard.num_bytes} bytes); the dataset changed after conversion: convert "
+            "the data again (a new output_root/data/<fingerprint>) rather than editing shards in place"
+        ) from error
+    except Exception as error:
+        raise StagingError(
+            f"could not download shard {uri} after {retries + 1} attempt(s): {type(error).__name__}: "
+            f"{error}; check that the storage endpoint is reachable"
+        ) from error
 
 
 def stage_files(manifest: Manifest, files: Iterable[str], *, cache_dir: str | None = None,
@@ -214,7 +184,7 @@ def stage_files(manifest: Manifest, files: Iterable[str], *, cache_dir: str | No
                 reused.append(relative)
                 continue
             remote_path = f"{root.rstrip('/')}/{relative}"
-            num_bytes += _fetch_with_retries(fs, remote_path, local_path, shard, uri, retries)
+            num_bytes += _fetch_shard(fs, remote_path, local_path, shard, uri, retries)
             downloaded.append(relative)
     elapsed = time.perf_counter() - started
     logger.info("staged %d shard(s) of %s to %s: %d downloaded (%.1f MB in %.1fs), %d reused from the cache",

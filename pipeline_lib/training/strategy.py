@@ -9,7 +9,7 @@ import math
 import keras
 import tensorflow as tf
 
-from pipeline_lib.cluster.validation import ClusterInfo
+from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.config import Collective, LrScaling, Strategy, TrainConfig
 from pipeline_lib.core.errors import UserError
 
@@ -86,7 +86,7 @@ def choose_kind(train: TrainConfig, cluster: ClusterInfo, num_gpus: int | None =
         num_gpus = len(tf.config.list_physical_devices("GPU"))
     if train.strategy != Strategy.AUTO:
         return train.strategy, f"train.strategy is {train.strategy.value!r}"
-    if cluster.has_ps:
+    if train.uses_parameter_server(cluster.has_ps):
         return Strategy.PARAMETER_SERVER, f"auto: TF_CONFIG lists {len(cluster.cluster['ps'])} parameter server(s)"
     if cluster.num_workers > 1:
         return Strategy.MULTI_WORKER_MIRRORED, f"auto: TF_CONFIG lists {cluster.num_workers} workers"
@@ -231,6 +231,6 @@ def replicas_per_worker(train: TrainConfig) -> int:
         return 1
     if train.cpu_replicas:
         return train.cpu_replicas
-    if train.strategy == Strategy.AUTO and train.parameter_servers:
+    if train.uses_parameter_server():  # auto with parameter servers: one replica per worker
         return 1
     return max(1, len(tf.config.list_physical_devices("GPU")))

@@ -123,9 +123,9 @@ class RetrainScenario:
     def source_fingerprint(self) -> str:
         """The source fingerprint as the retrain flow computes it (and the manifest records it)."""
         from pipeline_lib.config import load_config
-        from pipeline_lib.data import conversion
+        from pipeline_lib.data.sources import source_fingerprint
 
-        return conversion.source_fingerprint(load_config(self.config_path).data).sha256
+        return source_fingerprint(load_config(self.config_path).data).sha256
 
     def append_rows(self, start: int, stop: int) -> None:
         with open(self.source, "a") as handle:

@@ -38,7 +38,7 @@ def _run(tmp_path: Path, config: dict, *extra: str, env: dict[str, str] | None =
     environ = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     environ.update(env or {})
     return subprocess.run([sys.executable, "-m", "flows.cli", "run", str(path), *extra], cwd=ROOT, env=environ,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, check=False)
 
 
 def _assert_one_line_user_error(out: subprocess.CompletedProcess, *expected: str) -> str:
@@ -76,7 +76,7 @@ def test_verbose_shows_the_traceback_of_a_user_error(tmp_path):
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(_config(tmp_path, model={"factory": "nosuchpkg.models:build"})))
     out = subprocess.run([sys.executable, "-m", "flows.cli", "-v", "run", str(path)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 2
     assert "Traceback" in out.stderr and "ModelFactoryError" in out.stderr
 

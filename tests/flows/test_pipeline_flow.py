@@ -12,6 +12,8 @@ import pytest
 
 from pipeline_lib.config import parse_config
 from pipeline_lib.data import demo as demo_data
+from pipeline_lib.training.errors import TrainingError
+from pipeline_lib.training.results import TrainResult
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,6 +48,9 @@ def test_training_pipeline_end_to_end(tmp_path, prefect_api):
     assert summary.num_replicas == 2 and summary.global_batch_size == 64
     client = MlflowClient(tracking_uri=config.mlflow_uri)
     run = client.get_run(summary.mlflow_run_id)
+    # The run ends with the pipeline, not left RUNNING.
+    assert run.info.status == "FINISHED" and run.info.end_time >= run.info.start_time
+    assert "tfdag.failed_stage" not in run.data.tags
     params = run.data.params
     assert params["strategy"] == "mirrored"
     assert int(params["num_replicas"]) == 2
@@ -80,9 +85,9 @@ def test_training_pipeline_end_to_end(tmp_path, prefect_api):
     manifest = load_manifest(str(Path(config.output_root) / "data" / summary.data_fingerprint))
     inputs, _labels = next(iter(create_dataset(manifest, "eval", 16)))
     expected = np.asarray(reloaded.predict(inputs, verbose=0))
-    from pipeline_lib.tracking.mlflow_run import _global_uri
+    from pipeline_lib.tracking.client import global_tracking_uri
 
-    with _global_uri(config.mlflow_uri):  # scoped: a process-wide URI would redirect later tests
+    with global_tracking_uri(config.mlflow_uri):  # scoped: a process-wide URI would redirect later tests
         served = mlflow.pyfunc.load_model(f"models:/digits-flow-test/{summary.model_version}")
     got = served.predict({k: v.numpy() for k, v in inputs.items()})
     got = np.asarray(got if not hasattr(got, "to_numpy") else got.to_numpy())
@@ -96,7 +101,7 @@ def test_cli_run_json_prints_summary_on_last_line(tmp_path, prefect_api):
     config = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=2)
     path = tmp_path / "digits.yaml"
     path.write_text(yaml.safe_dump(config))
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(path), "--json"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(path), "--json"], cwd=ROOT, check=False,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
@@ -108,7 +113,7 @@ def test_cli_run_json_prints_summary_on_last_line(tmp_path, prefect_api):
 def test_cli_rejects_bad_config_before_anything_runs(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("data: {source: x.csv, label: y}\ntrain: {per_replica_batch_size: 0}\n")
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(path)], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(path)], cwd=ROOT, check=False,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 2
     assert "train.per_replica_batch_size (0) in bad.yaml" in out.stderr
@@ -134,6 +139,68 @@ def test_a_failed_stage_leaves_a_markdown_artifact_naming_it(tmp_path, prefect_a
     assert artifacts, "no failure artifact"
     markdown = artifacts[0].data
     assert "**Stage:** `plan_shards`" in markdown and "global batch" in markdown
+    # The MLflow run started before conversion; the planning failure ends it FAILED, naming the stage.
+    [run] = _pipeline_runs(parse_config(data), "digits-failing-plan")
+    assert run.info.status == "FAILED" and run.info.end_time is not None
+    assert run.data.tags["tfdag.failed_stage"] == "plan_shards"
+
+
+def _pipeline_runs(config, pipeline: str) -> list:
+    """The MLflow runs of one pipeline name in the config's store and experiment."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=config.mlflow_uri)
+    experiment = client.get_experiment_by_name(config.tracking.experiment)
+    return client.search_runs([experiment.experiment_id], filter_string=f"tags.`tfdag.pipeline` = '{pipeline}'")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("error", "status"), [
+    (TrainingError("worker 0 exited with code 1"), "FAILED"),
+    (KeyboardInterrupt(), "KILLED"),
+], ids=["failure", "ctrl-c"])
+def test_a_failure_or_interrupt_in_training_ends_the_mlflow_run_naming_the_stage(tmp_path, prefect_api, monkeypatch,
+                                                                                 error, status):
+    from flows.pipeline import training_pipeline
+    from pipeline_lib.launch import local as launcher
+
+    def launch_training(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(launcher, "launch_training", launch_training)
+    data = digits_config(tmp_path, strategy="default", cpu_replicas=None)
+    data["name"] = f"digits-{status.lower()}-in-train"
+    with pytest.raises(type(error)):
+        training_pipeline(parse_config(data))
+
+    [run] = _pipeline_runs(parse_config(data), data["name"])
+    assert run.info.status == status and run.info.end_time is not None
+    assert run.data.tags["tfdag.failed_stage"] == "train"
+
+
+@pytest.mark.slow
+def test_a_failure_after_training_ends_the_mlflow_run_failed_naming_the_stage(tmp_path, prefect_api, monkeypatch):
+    from flows.pipeline import training_pipeline
+    from pipeline_lib.evaluation.consolidation import ConsolidationError
+    from pipeline_lib.launch import local as launcher
+
+    def launch_training(config, manifest, plan, run_dir, **kwargs):
+        """Training that 'finished' without a checkpoint: consolidation, the next stage, fails."""
+        return TrainResult(
+            run_dir=run_dir, strategy="default", strategy_reason="test", num_workers=1, num_replicas=1,
+            per_replica_batch_size=32, global_batch_size=32, base_learning_rate=0.002, scaled_learning_rate=0.002,
+            lr_scaling="none", steps_per_epoch=1, total_steps=1, final_step=1, final_loss=1.0,
+            checkpoint_dir=f"{run_dir}/checkpoints", checkpoints=(), tensorboard_dir=f"{run_dir}/tensorboard")
+
+    monkeypatch.setattr(launcher, "launch_training", launch_training)
+    data = digits_config(tmp_path, strategy="default", cpu_replicas=None)
+    data["name"] = "digits-failed-after-train"
+    with pytest.raises(ConsolidationError, match="lists no checkpoints"):
+        training_pipeline(parse_config(data))
+
+    [run] = _pipeline_runs(parse_config(data), data["name"])
+    assert run.info.status == "FAILED" and run.info.end_time is not None
+    assert run.data.tags["tfdag.failed_stage"] == "consolidate_checkpoints"
 
 
 @pytest.mark.slow
@@ -160,6 +227,9 @@ def test_a_worker_restart_shows_in_mlflow_and_the_prefect_log(tmp_path, prefect_
     assert summary.final_step == int(run.data.params["total_steps"])  # exactly the planned steps after resuming
     assert [m.value for m in client.get_metric_history(run.info.run_id, "num_restarts")] == [1.0]
     assert "SIGKILL" in run.data.tags["tfdag.last_restart_cause"]
+    # The restart kept the one MLflow run, which ends FINISHED with the pipeline.
+    assert run.info.status == "FINISHED" and run.info.end_time is not None
+    assert len(_pipeline_runs(config, "digits-restart")) == 1
 
     flow_run_id = run.data.tags["prefect_flow_run_id"]
     messages: list[str] = []

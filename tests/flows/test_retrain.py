@@ -127,3 +127,42 @@ def test_unchanged_data_is_skipped_then_new_rows_make_a_version_and_a_worse_one_
     assert _champion(mlflow_client) == champion_before
     worse_run = mlflow_client.get_run(_versions(mlflow_client)[3].run_id)
     assert int(worse_run.data.params["total_steps"]) == 1
+
+
+def test_a_failure_after_the_training_subflow_ends_the_challengers_mlflow_run_failed(tmp_path, prefect_api,
+                                                                                      monkeypatch):
+    """The subflow ended the run FINISHED; a later retrain stage that raises marks it FAILED with that stage."""
+    import yaml
+    from mlflow import MlflowClient
+    from prefect import task
+
+    from flows import retrain as retrain_flow
+    from pipeline_lib.config import load_config
+    from pipeline_lib.data import demo as demo_data
+
+    raw = tmp_path / "raw" / "digits.csv"
+    demo_data.write_digits_csv(str(raw))
+    path = tmp_path / "retrain-failure.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "digits-retrain-failure",
+        "data": {"source": str(raw), "label": "target", "target_shard_mb": 0.25},
+        "output_root": str(tmp_path / "out"),
+        "model": {"factory": "mlp", "params": {"hidden_units": [16]}},
+        "train": {"strategy": "default", "per_replica_batch_size": 64, "steps": 5, "checkpoint_every_steps": 5},
+        "evaluation": {"gate": {"metric": "accuracy", "threshold": None}},
+        "tracking": {"experiment": "retrain-failure", "registered_model": "digits-retrain-failure"},
+    }))
+
+    @task(name="record_decision")
+    def record_decision(*args, **kwargs):
+        raise registry.RegistryError("the registry refused the tags (simulated)")
+
+    monkeypatch.setattr(retrain_flow, "record_decision", record_decision)
+    with pytest.raises(registry.RegistryError, match="simulated"):
+        retrain_flow.retrain(retrain_flow.RetrainParameters(config=str(path)))
+
+    config = load_config(path)
+    client = MlflowClient(tracking_uri=config.mlflow_uri)
+    [run] = client.search_runs([client.get_experiment_by_name("retrain-failure").experiment_id])
+    assert run.info.status == "FAILED" and run.info.end_time is not None
+    assert run.data.tags["tfdag.failed_stage"] == "record_decision"

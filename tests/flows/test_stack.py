@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from flows import stack
+from pipeline_lib.core import net
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 # A parent that starts a child and waits: `down` must take the child along.
@@ -31,7 +32,7 @@ def test_choose_port_prefers_the_default_and_refuses_a_taken_configured_port():
         assert stack.choose_port(None, taken, "Prefect server") != taken
         with pytest.raises(stack.StackError, match=rf"Prefect server port {taken} on 127.0.0.1 is in use"):
             stack.choose_port(taken, 4200, "Prefect server")
-    free = stack.free_port()
+    free = net.free_port()
     assert stack.choose_port(free, 4200, "MLflow server") == free
     assert stack.choose_port(0, 4200, "MLflow server") > 0
 

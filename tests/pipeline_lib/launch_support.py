@@ -20,7 +20,7 @@ from pipeline_lib.data.manifest import (
     ShardInfo,
     SourceFingerprint,
 )
-from pipeline_lib.launch.worker import WorkerSpec
+from pipeline_lib.launch.spec import WorkerSpec
 from pipeline_lib.planning.sharding import AutoShardPolicy, ShardPlan
 from tests.conftest import make_plan, write_dataset
 

@@ -1,5 +1,6 @@
 """Config loading: frozen models, unknown keys rejected, errors naming key path, file, value and fix."""
 
+import pydantic
 import pytest
 import yaml
 
@@ -31,7 +32,7 @@ def test_minimal_config_gets_defaults(tmp_path):
 
 def test_config_is_frozen(tmp_path):
     config = load_config(write(tmp_path, MINIMAL))
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         config.train.epochs = 3  # type: ignore[misc]
 
 

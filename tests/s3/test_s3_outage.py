@@ -13,12 +13,15 @@ import pytest
 
 from pipeline_lib.config import parse_config
 from pipeline_lib.core import storage
+from pipeline_lib.core.errors import is_transient
+from pipeline_lib.data import demo as demo_data
+from pipeline_lib.data.convert import convert
+from pipeline_lib.data.errors import ConversionError
+from pipeline_lib.data.manifest import load_manifest
+from tasks import stages
 from tests.s3.conftest import BUCKET
 
 pytestmark = pytest.mark.slow
-
-conversion = pytest.importorskip("pipeline_lib.data.conversion")
-demo_data = pytest.importorskip("pipeline_lib.data.demo")
 
 ROOT = f"s3://{BUCKET}/outage"
 # The S3 client fails fast here (one attempt per request, below), so the conversion attempt in flight
@@ -78,9 +81,6 @@ def _config(tmp_path):
 
 def test_conversion_retries_through_an_outage_and_publishes_a_complete_set(s3, tmp_path, prefect_harness,
                                                                            monkeypatch):
-    from pipeline_lib.data.manifest import load_manifest
-    from tasks import stages
-
     # botocore's own retries (up to ~15 s of backoff per request) would otherwise ride out the outage.
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     monkeypatch.setenv("AWS_RETRY_MODE", "standard")
@@ -90,13 +90,17 @@ def test_conversion_retries_through_an_outage_and_publishes_a_complete_set(s3, t
     config = _config(tmp_path)
     demo_data.write_digits_csv(config.data.source, config.data.storage_options)
     attempts = []
-    real_convert = conversion.convert
+    failures: list[BaseException] = []
 
     def counting_convert(*args, **kwargs):
         attempts.append(time.monotonic())
-        return real_convert(*args, **kwargs)
+        try:
+            return convert(*args, **kwargs)
+        except BaseException as error:
+            failures.append(error)
+            raise
 
-    monkeypatch.setattr(stages.conversion, "convert", counting_convert)
+    monkeypatch.setattr(stages, "convert", counting_convert)
     outage = Outage(s3.server, FAIL_AT_SHARD_PUT)
     s3.server.request_hook = outage
     manifest = stages.convert_to_tfrecords(config)
@@ -110,6 +114,11 @@ def test_conversion_retries_through_an_outage_and_publishes_a_complete_set(s3, t
     assert 0 < len(shards_then) < len(manifest.shards)
     # The stage ran again after the failure (Prefect's task retries), and succeeded.
     assert len(attempts) >= 2
+    # Each failed attempt raised an outage (retried), never a ConversionError (bad input: not retried).
+    assert failures
+    for failure in failures:
+        assert is_transient(failure), repr(failure)
+        assert not isinstance(failure, ConversionError), repr(failure)
     assert attempts[-1] > outage.stopped_at
 
     # The final dataset is exactly the manifest's shard set, every shard matching its sha256.

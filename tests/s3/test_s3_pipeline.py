@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
 
 import pytest
 
-from pipeline_lib.checkpoints import publish
-from pipeline_lib.checkpoints import store as checkpoints
+from pipeline_lib.checkpoints import manifests, run_storage
 from pipeline_lib.config import parse_config
 from pipeline_lib.core import storage
+from pipeline_lib.data import demo as demo_data
+from pipeline_lib.data.convert import convert
+from pipeline_lib.data.manifest import load_manifest
 from pipeline_lib.training import staging
 from tests.conftest import make_plan, write_dataset
 from tests.s3.conftest import ACCESS_KEY, BUCKET, SECRET_KEY
@@ -94,18 +95,14 @@ def test_wrong_credentials_are_named_without_the_secret(s3, monkeypatch):
                                                                    "label": "label", "storage_options": options}))
 
 
-def test_secrets_in_storage_options_are_redacted():
-    options = {"key": "AKIA", "secret": "s3cr3t", "client_kwargs": {"endpoint_url": "http://x", "aws_session_token": "t"}}
-    assert storage.redact_options(options) == {"key": "***", "secret": "***",
-                                               "client_kwargs": {"endpoint_url": "http://x", "aws_session_token": "***"}}
-
-
 # ---------------------------------------------------------------- staging, training, publishing, restore
 
 
 @pytest.mark.slow
 def test_training_on_s3_stages_publishes_and_resumes(s3, tmp_path, monkeypatch, caplog):
     from pipeline_lib.training import loop as training
+    from pipeline_lib.training.errors import TrainingInterrupted
+    from pipeline_lib.training.hooks import TrainHooks
 
     caplog.set_level(logging.INFO)
     manifest = _upload_dataset(s3, tmp_path)
@@ -114,7 +111,7 @@ def test_training_on_s3_stages_publishes_and_resumes(s3, tmp_path, monkeypatch, 
     run_dir = f"{ROOT}/runs/r1"
     seen_during_run = {}
 
-    class Hooks(training.TrainHooks):
+    class Hooks(TrainHooks):
         def on_step_end(self, step, examples, loss):
             if step == 4:  # after the step-3 log and checkpoint, before the run ends
                 seen_during_run["keys"] = s3.keys("out/runs/r1")
@@ -134,7 +131,7 @@ def test_training_on_s3_stages_publishes_and_resumes(s3, tmp_path, monkeypatch, 
 
     # First attempt: preempted after step 3, on a "pod" with its own cache.
     monkeypatch.setenv("TFDAG_CACHE_DIR", str(tmp_path / "pod-a"))
-    with pytest.raises(training.TrainingInterrupted):
+    with pytest.raises(TrainingInterrupted):
         training.train(config, manifest, plan, run_dir, hooks=StopAt3())
     assert "out/runs/r1/checkpoints/ckpt-3.manifest.json" in s3.keys("out/runs/r1")
     staged_dir = staging.dataset_cache_dir(manifest, str(tmp_path / "pod-a"))
@@ -168,8 +165,8 @@ def test_training_on_s3_stages_publishes_and_resumes(s3, tmp_path, monkeypatch, 
     from pipeline_lib.evaluation import consolidation
     from pipeline_lib.evaluation import metrics as evaluation
 
-    local_records = tuple(publish.localize_checkpoint(r, config.storage_options) for r in result.checkpoints)
-    assert all(checkpoints.verify(r.path) is None for r in local_records)
+    local_records = tuple(run_storage.localize_checkpoint(r, config.storage_options) for r in result.checkpoints)
+    assert all(manifests.verify(r.path) is None for r in local_records)
     export = consolidation.consolidate(config, manifest, result.model_copy(update={"checkpoints": local_records}),
                                        f"{run_dir}/export")
     assert consolidation.verify_export(f"{run_dir}/export", config.storage_options) == []
@@ -189,7 +186,7 @@ def test_training_on_s3_stages_publishes_and_resumes(s3, tmp_path, monkeypatch, 
 
 @pytest.mark.slow
 def test_file_policy_workers_stage_only_their_shards_from_s3(s3, tmp_path):
-    from pipeline_lib.cluster.validation import ClusterInfo
+    from pipeline_lib.cluster.info import ClusterInfo
     from pipeline_lib.planning.sharding import AutoShardPolicy
 
     manifest = _upload_dataset(s3, tmp_path, num_train_shards=4)
@@ -205,29 +202,15 @@ def test_file_policy_workers_stage_only_their_shards_from_s3(s3, tmp_path):
         assert present == expected
 
 
-# ---------------------------------------------------------------- the whole pipeline (once its stages exist)
-
-_HAVE_CONVERSION = importlib.util.find_spec("pipeline_lib.data.conversion") is not None
-_HAVE_DEMO_DATA = importlib.util.find_spec("pipeline_lib.data.demo") is not None
-
-
-def _flow_runs_end_to_end() -> bool:
-    """The lead's flow calls launcher.launch_training; until that exists the stages are tested one by one."""
-    from pipeline_lib.launch import local as launcher
-
-    return _HAVE_CONVERSION and _HAVE_DEMO_DATA and hasattr(launcher, "launch_training")
+# ---------------------------------------------------------------- the whole pipeline
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _HAVE_CONVERSION, reason="pipeline_lib.data.conversion is not written yet")
 def test_conversion_writes_shards_and_manifest_to_s3(s3, tmp_path):
-    from pipeline_lib.data import conversion
-    from pipeline_lib.data.manifest import load_manifest
-
     lines = ["f1,f2,label"] + [f"{i % 7},{(i * 3) % 5},{i % 2}" for i in range(400)]
     s3.fs.pipe_file(f"{BUCKET}/raw/rows.csv", ("\n".join(lines) + "\n").encode())
     config = _config(data={"source": f"s3://{BUCKET}/raw/*.csv", "label": "label", "target_shard_mb": 0.002})
-    manifest = conversion.convert(config.data, config.output_root, config.storage_options)
+    manifest = convert(config.data, config.output_root, config.storage_options)
     assert manifest.dataset_uri.startswith(f"{ROOT}/data/")
     assert load_manifest(manifest.dataset_uri) == manifest
     prefix = manifest.dataset_uri.removeprefix(f"s3://{BUCKET}/")
@@ -240,15 +223,12 @@ def test_conversion_writes_shards_and_manifest_to_s3(s3, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _flow_runs_end_to_end(),
-                    reason="the training-pipeline flow does not run end to end yet (launcher.launch_training)")
 def test_digits_pipeline_runs_with_every_uri_on_s3(s3, tmp_path, monkeypatch, prefect_harness, caplog):
     import yaml
     from mlflow import MlflowClient
     from prefect.client.orchestration import get_client
 
     from flows.pipeline import training_pipeline
-    from pipeline_lib.data import demo as demo_data
 
     caplog.set_level(logging.INFO)
     example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "digits_s3.yaml")
@@ -294,7 +274,7 @@ def test_digits_pipeline_runs_with_every_uri_on_s3(s3, tmp_path, monkeypatch, pr
 def test_two_launched_workers_train_from_and_publish_to_s3(s3, tmp_path):
     """Real worker processes: each stages only its FILE-policy shards; the chief alone publishes."""
     from pipeline_lib.launch import local as launcher
-    from pipeline_lib.launch.worker import WorkerSpec
+    from pipeline_lib.launch.spec import WorkerSpec
     from pipeline_lib.planning.sharding import AutoShardPolicy
 
     manifest = _upload_dataset(s3, tmp_path, num_train_shards=4)

@@ -1,8 +1,7 @@
-"""Publishing a run to fsspec storage (memory://): checkpoints manifest-last, verified restore, TensorBoard sync."""
+"""Tests for pipeline_lib.checkpoints.publish on memory:// storage: manifest last, verified fetch, retention."""
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 
@@ -12,10 +11,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipeline_lib.checkpoints import publish
+from pipeline_lib.checkpoints import manifests, publish
 from pipeline_lib.checkpoints import store as checkpoints
-from pipeline_lib.cluster.validation import ClusterInfo
-from pipeline_lib.core import storage
+from pipeline_lib.config import Direction
 
 MEMORY = fsspec.filesystem("memory")
 
@@ -90,7 +88,7 @@ def test_a_crash_mid_upload_never_leaves_a_checkpoint_that_counts(tmp_path, remo
     assert "ckpt-2.manifest.json" not in _remote_names(remote_dir)
     assert [r.step for r in publisher.list_checkpoints()] == [1]
     restored = publisher.restore_latest(str(tmp_path / "restore"))
-    assert restored.step == 1 and checkpoints.verify(restored.path) is None
+    assert restored.step == 1 and manifests.verify(restored.path) is None
     # The next successful publish cleans the debris away through retention.
     publisher.publish(_save(store, step, model, 3).path)
     publisher.apply_retention(keep=5)
@@ -109,7 +107,7 @@ def test_restore_downloads_the_newest_verified_checkpoint(tmp_path, remote_dir, 
     local_dir = str(tmp_path / "restore")
     record = publisher.restore_latest(local_dir)
     assert record.step == 20 and record.path == os.path.join(local_dir, "ckpt-20")
-    assert checkpoints.verify(record.path) is None
+    assert manifests.verify(record.path) is None
     assert "ckpt-30" in caplog.text and "falling back" in caplog.text
     fresh_model, fresh_step, fresh = _state()
     fresh.read(record.path).assert_existing_objects_matched()
@@ -128,66 +126,25 @@ def test_remote_retention_keeps_the_newest_and_the_best(tmp_path, remote_dir):
     accuracy = {1: 0.5, 2: 0.9, 3: 0.6, 4: 0.7}
     for s, value in accuracy.items():
         publisher.publish(_save(store, step, model, s, {"eval_accuracy": value}).path)
-    kept = publisher.apply_retention(keep=2, best_metric="eval_accuracy", best_mode="max")
+    kept = publisher.apply_retention(keep=2, best_metric="eval_accuracy",
+                                     best_direction=Direction.MAX)
     assert [r.step for r in kept] == [2, 3, 4]
     assert [r.step for r in publisher.list_checkpoints()] == [2, 3, 4]
     assert not any(n.startswith("ckpt-1.") for n in _remote_names(remote_dir))
 
 
-def test_localize_checkpoint_downloads_a_remote_record(tmp_path, remote_dir, monkeypatch):
-    monkeypatch.setenv("TFDAG_CACHE_DIR", str(tmp_path / "cache"))
+def test_a_damaged_remote_file_is_refused_without_retry(tmp_path, remote_dir, monkeypatch):
     model, step, checkpoint = _state()
     store = checkpoints.CheckpointStore(str(tmp_path / "local"), checkpoint)
-    published = publish.CheckpointPublisher(remote_dir).publish(_save(store, step, model, 7, {"eval_loss": 1.0}).path)
-    local = publish.localize_checkpoint(published)
-    assert storage.is_local(local.path) and local.path.startswith(str(tmp_path / "cache"))
-    assert local.step == 7 and local.metrics == {"eval_loss": 1.0}
-    assert checkpoints.verify(local.path) is None
-    plain = checkpoints.list_checkpoints(str(tmp_path / "local"))[0]
-    assert publish.localize_checkpoint(plain) is plain
-
-
-def test_tree_sync_uploads_only_what_changed(tmp_path, remote_dir):
-    local = tmp_path / "tb"
-    (local / "train").mkdir(parents=True)
-    (local / "train" / "events.1").write_bytes(b"a")
-    sync = publish.TreeSync(str(local), remote_dir.replace("checkpoints", "tensorboard"))
-    assert sync.sync() == 1
-    assert sync.sync() == 0
-    (local / "train" / "events.1").write_bytes(b"ab")
-    (local / "eval.1").write_bytes(b"c")
-    assert sync.sync() == 2
-    root = remote_dir.replace("checkpoints", "tensorboard").removeprefix("memory://")
-    assert MEMORY.cat_file(f"{root}/train/events.1") == b"ab"
-
-
-def test_run_storage_of_a_local_run_writes_in_place(tmp_path):
-    run = publish.RunStorage(str(tmp_path / "run"), ClusterInfo())
-    assert not run.is_remote and run.local_checkpoint_dir == str(tmp_path / "run" / "checkpoints")
-    assert run.prepare_restore() is None and run.sync_tensorboard() == 0
-
-
-def test_run_storage_of_a_remote_run_mirrors_per_task(tmp_path, remote_dir, monkeypatch):
-    monkeypatch.setenv("TFDAG_CACHE_DIR", str(tmp_path / "cache"))
-    run_dir = remote_dir.removesuffix("/checkpoints")
-    cluster = {"worker": ("127.0.0.1:1", "127.0.0.1:2")}
-    chief = publish.RunStorage(run_dir, ClusterInfo(task_type="worker", task_index=0, cluster=cluster))
-    other = publish.RunStorage(run_dir, ClusterInfo(task_type="worker", task_index=1, cluster=cluster))
-    assert chief.is_remote and chief.local_dir != other.local_dir
-    assert chief.checkpoint_dir == f"{run_dir}/checkpoints" and chief.tensorboard_dir == f"{run_dir}/tensorboard"
-    assert other.tensorboard_sync is None  # only the chief publishes
-    model, step, checkpoint = _state()
-    store = checkpoints.CheckpointStore(chief.local_checkpoint_dir, checkpoint, keep=1)
-    published = chief.publish_checkpoint(_save(store, step, model, 4), keep=1)
-    assert published.path == f"{run_dir}/checkpoints/ckpt-4"
-    assert other.publish_checkpoint(None, keep=1) is None
-    # Every task restores what the chief published, whatever its own leftovers.
-    os.makedirs(other.local_checkpoint_dir, exist_ok=True)
-    (open(os.path.join(other.local_checkpoint_dir, "ckpt-9.index"), "wb")).close()
-    restored = other.prepare_restore()
-    assert restored.step == 4
-    assert sorted(os.listdir(other.local_checkpoint_dir)) == [
-        "ckpt-4.data-00000-of-00001", "ckpt-4.index", "ckpt-4.manifest.json"]
-    assert [r.path for r in chief.checkpoint_records()] == [f"{run_dir}/checkpoints/ckpt-4"]
-    manifest = json.loads(MEMORY.cat_file(f"{run_dir.removeprefix('memory://')}/checkpoints/ckpt-4.manifest.json"))
-    assert manifest["step"] == 4
+    publisher = publish.CheckpointPublisher(remote_dir)
+    publisher.publish(_save(store, step, model, 3).path)
+    root = remote_dir.removeprefix("memory://")
+    MEMORY.pipe_file(f"{root}/ckpt-3.index", b"garbage")
+    opened = []
+    real_open = type(MEMORY)._open
+    monkeypatch.setattr(type(MEMORY), "_open", lambda self, path, *a, **kw: (opened.append(path),
+                                                                                real_open(self, path, *a, **kw))[1])
+    with pytest.raises(publish.PublishError, match=r"ckpt-3\.index has sha256 .* damaged"):
+        publisher.fetch(3, str(tmp_path / "restore"))
+    assert sum(p.endswith("ckpt-3.index") for p in opened) == 1
+    assert not [n for n in os.listdir(tmp_path / "restore") if n.startswith("ckpt-3.index")]

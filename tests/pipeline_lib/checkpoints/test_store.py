@@ -1,4 +1,4 @@
-"""Tests for pipeline_lib.checkpoints.store: manifests written last, verified restore with fallback, retention."""
+"""Tests for pipeline_lib.checkpoints.store (and the manifests it writes): manifest last, verified restore, retention."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from pipeline_lib.checkpoints import manifests
 from pipeline_lib.checkpoints import store as checkpoints
-from pipeline_lib.cluster.validation import ClusterInfo
+from pipeline_lib.cluster.info import ClusterInfo
+from pipeline_lib.config import Direction
 
 
 def _state():
@@ -42,9 +44,9 @@ def test_manifest_lists_every_file_with_its_checksum(tmp_path):
     names = sorted(entry["name"] for entry in manifest["files"])
     assert names == ["ckpt-7.data-00000-of-00001", "ckpt-7.index"]
     assert manifest["step"] == 7
-    assert checkpoints.verify(record.path) is None
+    assert manifests.verify(record.path) is None
     assert tf.train.latest_checkpoint(str(tmp_path)) == record.path
-    assert checkpoints.list_checkpoints(str(tmp_path)) == [record]
+    assert manifests.list_checkpoints(str(tmp_path)) == [record]
 
 
 def test_manifest_is_written_last(tmp_path):
@@ -72,7 +74,7 @@ def test_corrupt_data_file_falls_back_with_a_warning(tmp_path, caplog):
     raw = bytearray(data.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     data.write_bytes(bytes(raw))
-    with caplog.at_level(logging.WARNING, logger="pipeline_lib.checkpoints.store"):
+    with caplog.at_level(logging.WARNING, logger="pipeline_lib.checkpoints.manifests"):
         record = store.restore_latest()
     assert record.step == 10
     assert "ckpt-20" in caplog.text and "sha256" in caplog.text and "falling back" in caplog.text
@@ -88,17 +90,17 @@ def test_missing_manifest_falls_back(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         assert store.latest_valid().step == 1
     assert "no readable manifest" in caplog.text
-    assert checkpoints.latest_valid(str(tmp_path / "empty")) is None
+    assert manifests.latest_valid(str(tmp_path / "empty")) is None
 
 
 def test_retention_keeps_the_newest_and_the_best(tmp_path):
     model, _, step, checkpoint = _state()
     store = checkpoints.CheckpointStore(str(tmp_path), checkpoint, keep=2, best_metric="eval_accuracy",
-                                        best_mode="max")
+                                        best_direction=Direction.MAX)
     metrics = {1: {"eval_accuracy": 0.9}, 2: {"eval_accuracy": 0.5}, 3: {"eval_accuracy": 0.6},
                4: {"eval_accuracy": 0.7}, 5: {"eval_accuracy": 0.8}}
     _save_steps(store, step, model, [1, 2, 3, 4, 5], metrics)
-    assert [r.step for r in checkpoints.list_checkpoints(str(tmp_path))] == [1, 4, 5]
+    assert [r.step for r in manifests.list_checkpoints(str(tmp_path))] == [1, 4, 5]
     assert sorted(os.listdir(tmp_path)) == sorted(
         ["checkpoint"] + [f"ckpt-{s}.{ext}" for s in (1, 4, 5)
                           for ext in ("index", "data-00000-of-00001", "manifest.json")])
@@ -120,7 +122,7 @@ def test_non_chief_saves_into_a_scratch_dir_it_removes(tmp_path):
     store = checkpoints.CheckpointStore(str(tmp_path), checkpoint, cluster=worker)
     assert store.save(5) is None
     assert not os.path.exists(tmp_path / ".scratch" / "worker-1")
-    assert checkpoints.list_checkpoints(str(tmp_path)) == []
+    assert manifests.list_checkpoints(str(tmp_path)) == []
 
 
 def test_mismatched_checkpoint_names_the_fix(tmp_path):

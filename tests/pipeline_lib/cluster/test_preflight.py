@@ -3,32 +3,34 @@
 from __future__ import annotations
 
 import importlib.metadata
-import io
 import json
 import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from pipeline_lib.cluster.preflight import (
-    OVERRIDE_ENV,
-    PreflightError,
-    PreflightReport,
-    collect_fingerprint,
-    run_preflight,
-    run_validate_cluster,
+from pipeline_lib.cluster.fingerprint import OVERRIDE_ENV
+from pipeline_lib.cluster.info import ClusterInfo
+from pipeline_lib.cluster.preflight import run_preflight
+from pipeline_lib.cluster.preflight_report import PreflightError, PreflightReport
+from pipeline_lib.cluster.probe import GpuInfo
+from tests.pipeline_lib.cluster.preflight_support import (
+    fake_peer,
+    listen_on,
+    two_workers,
 )
-from pipeline_lib.cluster.validation import ClusterInfo, GpuInfo
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = str(Path(__file__).resolve().parents[3])
 TF_VERSION = importlib.metadata.version("tensorflow")
 
 CHILD = """
 import json, socket, sys
-from pipeline_lib.cluster.validation import cluster_from_env
-from pipeline_lib.cluster.preflight import PreflightError, run_preflight
+from pipeline_lib.cluster.info import cluster_from_env
+from pipeline_lib.cluster.preflight import run_preflight
+from pipeline_lib.cluster.preflight_report import PreflightError
 cluster = cluster_from_env()
 try:
     report = run_preflight(sys.argv[1], cluster, "config-hash", "data-hash", float(sys.argv[2]))
@@ -42,21 +44,6 @@ with socket.socket() as sock:
 print(json.dumps({"passed": report.passed, "tasks": [f.task for f in report.fingerprints],
                   "reachable": report.reachable, "warnings": list(report.warnings)}))
 """
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
-def two_workers() -> list[ClusterInfo]:
-    addresses = tuple(f"127.0.0.1:{port}" for port in free_ports(2))
-    return [ClusterInfo(task_type="worker", task_index=i, cluster={"worker": addresses}) for i in range(2)]
 
 
 def launch(cluster: ClusterInfo, run_dir: str, timeout_s: float, extra_env: dict | None = None) -> subprocess.Popen:
@@ -110,24 +97,6 @@ def test_version_skew_fails_both_workers_with_the_diff(tmp_path):
 
 
 # --- in-process peers: a fingerprint file and, where wanted, a plain listener stand in for the other task --------
-
-def fake_peer(run_dir: str, cluster: ClusterInfo, reached: bool = True, **updates) -> None:
-    fingerprint = collect_fingerprint(cluster, "c", "d", environ={}).model_copy(update={"host": "peer-host",
-                                                                                        **updates})
-    folder = os.path.join(run_dir, "preflight")
-    os.makedirs(folder, exist_ok=True)
-    slot = f"{cluster.task_type}-{cluster.task_index}"
-    with open(os.path.join(folder, f"{slot}.json"), "w") as handle:
-        handle.write(fingerprint.model_dump_json())
-    if reached:
-        with open(os.path.join(folder, f"reached-{slot}.json"), "w") as handle:
-            json.dump({"task": cluster.name}, handle)
-
-
-def listen_on(cluster: ClusterInfo) -> socket.socket:
-    port = int(cluster.cluster[cluster.task_type][cluster.task_index].rsplit(":", 1)[1])
-    return socket.create_server(("127.0.0.1", port))
-
 
 def test_unreachable_peer_fails_within_the_timeout_naming_it(tmp_path):
     me, peer = two_workers()
@@ -207,63 +176,3 @@ def test_single_process_preflight_writes_its_report(tmp_path):
     report = run_preflight(str(tmp_path), ClusterInfo(), "c", "d", timeout_s=5)
     assert report.passed and [f.task for f in report.fingerprints] == ["worker 0"]
     assert (tmp_path / "preflight" / "report.md").read_text().startswith("# Preflight (passed")
-
-
-def test_fingerprint_masks_secrets_and_applies_the_override():
-    environ = {"TF_API_TOKEN": "hunter2", "XLA_FLAGS": "--xla_x", OVERRIDE_ENV: '{"numpy": "1.0", "data_hash": "z"}'}
-    fingerprint = collect_fingerprint(ClusterInfo(), "c", "d", environ=environ)
-    assert fingerprint.env == {"TF_API_TOKEN": "***", "XLA_FLAGS": "--xla_x"}
-    assert "hunter2" not in fingerprint.model_dump_json()
-    assert fingerprint.versions["numpy"] == "1.0" and fingerprint.data_hash == "z"
-    assert fingerprint.overrides == ("data_hash", "numpy")
-    with pytest.raises(PreflightError, match=r"TFDAG_PREFLIGHT_OVERRIDE sets unknown fingerprint field\(s\) "
-                                             r"\['tensorfow'\]"):
-        collect_fingerprint(ClusterInfo(), "c", "d", environ={OVERRIDE_ENV: '{"tensorfow": "1"}'})
-    with pytest.raises(PreflightError, match=r"is not valid JSON"):
-        collect_fingerprint(ClusterInfo(), "c", "d", environ={OVERRIDE_ENV: "tensorflow=1"})
-
-
-# --- tfdag validate-cluster ------------------------------------------------------------------------------------
-
-def test_validate_cluster_cli_static_rules(tmp_path):
-    good = ClusterInfo(task_type="worker", task_index=0, cluster={"worker": ("h:1", "h:2")}).to_tf_config()
-    out = io.StringIO()
-    assert run_validate_cluster(good, "multi_worker_mirrored", False, None, 5, out, environ={}) == 0
-    assert "--tf-config: valid for strategy 'multi_worker_mirrored'" in out.getvalue()
-
-    path = tmp_path / "tf_config.json"
-    path.write_text(json.dumps({"cluster": {"worker": ["h:1", "h:1"]}, "task": {"type": "worker", "index": 3}}))
-    out = io.StringIO()
-    assert run_validate_cluster(str(path), "multi_worker_mirrored", False, None, 5, out, environ={}) == 1
-    text = out.getvalue()
-    assert f"error [duplicate_address]: {path} of worker 3: cluster.worker[1] and cluster.worker[0]" in text
-    assert "error [task_index_out_of_range]" in text and "2 error(s)" in text
-
-    out = io.StringIO()
-    assert run_validate_cluster(None, "multi_worker_mirrored", False, None, 5, out, environ={"TF_CONFIG": good}) == 0
-    assert run_validate_cluster(None, "mirrored", False, None, 5, io.StringIO(), environ={"TF_CONFIG": good}) == 0
-    out = io.StringIO()
-    assert run_validate_cluster(None, "multi_worker_mirrored", False, None, 5, out, environ={}) == 2
-    assert "TF_CONFIG is not set and --tf-config was not given" in out.getvalue()
-    out = io.StringIO()
-    assert run_validate_cluster(good, "mwms", False, None, 5, out, environ={}) == 2
-    assert "--strategy ('mwms') is not a strategy" in out.getvalue()
-    out = io.StringIO()
-    assert run_validate_cluster(good, "multi_worker_mirrored", True, None, 5, out, environ={}) == 2
-    assert "--peers needs --run-dir" in out.getvalue()
-
-
-def test_validate_cluster_cli_runs_the_preflight_with_peers(tmp_path):
-    me, peer = two_workers()
-    run_dir = str(tmp_path / "validate-cluster")
-    fake_peer(run_dir, peer, config_hash="", data_hash="")  # validate-cluster compares empty hashes
-    out = io.StringIO()
-    with listen_on(peer):
-        code = run_validate_cluster(me.to_tf_config(), "multi_worker_mirrored", True, str(tmp_path), 10, out,
-                                    environ={})
-    assert code == 0, out.getvalue()
-    assert "preflight passed: 2 task(s) match and every peer is reachable" in out.getvalue()
-    out = io.StringIO()
-    assert run_validate_cluster(me.to_tf_config(), "multi_worker_mirrored", True, str(tmp_path / "other"), 1, out,
-                                environ={}) == 1
-    assert "timed out after 1 s waiting for worker 1" in out.getvalue()

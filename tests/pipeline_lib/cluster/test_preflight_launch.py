@@ -8,6 +8,7 @@ import os
 import pytest
 
 from pipeline_lib.launch import local as launcher
+from pipeline_lib.launch.errors import WorkerFailed
 from tests.conftest import make_plan
 from tests.pipeline_lib.launch_support import make_config, write_dataset_on_disk
 
@@ -22,7 +23,7 @@ def test_two_worker_run_with_skewed_tensorflow_refuses_to_train(tmp_path):
     skew = json.dumps({"task": "worker 1", "tensorflow": "2.13.1"})
     lines: list[str] = []
 
-    with pytest.raises(launcher.WorkerFailed) as failed:
+    with pytest.raises(WorkerFailed) as failed:
         launcher.launch_training(config, manifest, plan, run_dir, log_fn=lines.append,
                                  env={"TFDAG_PREFLIGHT_OVERRIDE": skew})
 

@@ -11,8 +11,11 @@ import pytest
 
 from pipeline_lib.config import DataConfig
 from pipeline_lib.core import native
-from pipeline_lib.data import conversion, encoding
-from tests.pipeline_lib.data.test_encoding import _columns
+from pipeline_lib.data.convert import convert
+from pipeline_lib.data.framing import encode_tfrecords
+from pipeline_lib.data.split import split_hash
+from pipeline_lib.data.tfrecord_writer import TFRecordFileWriter
+from tests.pipeline_lib.data.encoding_support import columns_of_every_dtype
 
 
 @pytest.fixture
@@ -40,11 +43,11 @@ def test_crc32c_matches_the_reference_library_with_and_without_the_cpu_instructi
 
 @pytest.mark.parametrize("num_rows", [1, 37, 9000])
 def test_native_framing_writes_the_bytes_of_the_python_loop(built, monkeypatch, num_rows):
-    columns = _columns(num_rows)
+    columns = columns_of_every_dtype(num_rows)
     fixed = {"small_int": columns["small_int"], "float_vec": columns["float_vec"], "float": columns["float"]}
-    native_ragged, native_fixed = encoding.encode_tfrecords(columns), encoding.encode_tfrecords(fixed)
+    native_ragged, native_fixed = encode_tfrecords(columns), encode_tfrecords(fixed)
     _pure_python(monkeypatch)
-    python_ragged, python_fixed = encoding.encode_tfrecords(columns), encoding.encode_tfrecords(fixed)
+    python_ragged, python_fixed = encode_tfrecords(columns), encode_tfrecords(fixed)
     assert np.array_equal(native_fixed.offsets, python_fixed.offsets)
     assert bytes(native_fixed.view()) == bytes(python_fixed.view())
     assert np.array_equal(native_ragged.offsets, python_ragged.offsets)
@@ -54,7 +57,7 @@ def test_native_framing_writes_the_bytes_of_the_python_loop(built, monkeypatch, 
 @pytest.mark.parametrize("num_rows", [1, 37, 9000])
 def test_encoding_in_a_given_row_order_writes_the_records_of_those_rows_with_and_without_the_extension(
         built, monkeypatch, num_rows):
-    columns = _columns(num_rows, seed=5)
+    columns = columns_of_every_dtype(num_rows, seed=5)
     fixed = {"small_int": columns["small_int"], "float_vec": columns["float_vec"], "float": columns["float"]}
     rng = np.random.default_rng(num_rows)
     order = np.concatenate([rng.permutation(num_rows), rng.integers(0, num_rows, size=5)])  # repeats allowed
@@ -63,7 +66,7 @@ def test_encoding_in_a_given_row_order_writes_the_records_of_those_rows_with_and
         if not use_native:
             _pure_python(monkeypatch)
         for cols in (fixed, columns):
-            whole, ordered = encoding.encode_tfrecords(cols), encoding.encode_tfrecords(cols, order=order)
+            whole, ordered = encode_tfrecords(cols), encode_tfrecords(cols, order=order)
             assert ordered.records() == [whole.record(i) for i in order.tolist()]
             results.append(bytes(ordered.view()))
     assert results[:2] == results[2:]
@@ -88,18 +91,18 @@ def test_native_framing_rejects_buffers_that_are_not_records(built):
     with pytest.raises(ValueError, match="6 rows for 5 output records"):
         built.frame_rows(out, template, [(12, np.zeros((6, 4), dtype=np.uint8))], None)
     with pytest.raises(IndexError, match="outside 0..4"):
-        encoding.encode_tfrecords({"a": np.arange(5)}, order=np.array([5]))
+        encode_tfrecords({"a": np.arange(5)}, order=np.array([5]))
 
 
 def test_native_split_hash_equals_the_numpy_loop(built, monkeypatch):
-    columns = _columns(5000, seed=3)
+    columns = columns_of_every_dtype(5000, seed=3)
     values = {name: columns[name] for name in ("small_int", "int", "float", "float_vec", "int_vec", "string")}
     odd = np.random.default_rng(0).normal(size=(5000, 3)).astype(np.float32)  # an odd float32 width: one word each
     values["odd"] = odd
-    with_native = conversion.split_hash(values, seed=11)
+    with_native = split_hash(values, seed=11)
     _pure_python(monkeypatch)
-    assert np.array_equal(with_native, conversion.split_hash(values, seed=11))
-    assert not np.array_equal(with_native, conversion.split_hash(values, seed=12))
+    assert np.array_equal(with_native, split_hash(values, seed=11))
+    assert not np.array_equal(with_native, split_hash(values, seed=12))
 
 
 def test_conversion_writes_identical_shards_with_and_without_the_extension(built, tmp_path, monkeypatch):
@@ -112,9 +115,9 @@ def test_conversion_writes_identical_shards_with_and_without_the_extension(built
     source = tmp_path / "rows.parquet"
     pq.write_table(table, source)
     data = DataConfig(source=str(source), label="label", target_shard_mb=0.05)
-    fast = conversion.convert(data, str(tmp_path / "native"))
+    fast = convert(data, str(tmp_path / "native"))
     _pure_python(monkeypatch)
-    slow = conversion.convert(data, str(tmp_path / "python"))
+    slow = convert(data, str(tmp_path / "python"))
     assert [(s.path, s.num_records, s.sha256) for s in fast.shards] == [
         (s.path, s.num_records, s.sha256) for s in slow.shards
     ]
@@ -135,8 +138,7 @@ def test_local_shards_and_their_directories_are_fsynced_before_the_manifest(tmp_
     rng = np.random.default_rng(0)
     source = tmp_path / "rows.npz"
     np.savez(source, x=rng.normal(size=(4000, 8)).astype(np.float32), label=rng.integers(0, 2, size=4000))
-    manifest = conversion.convert(DataConfig(source=str(source), label="label", target_shard_mb=0.1),
-                                  str(tmp_path / "out"))
+    manifest = convert(DataConfig(source=str(source), label="label", target_shard_mb=0.1), str(tmp_path / "out"))
     dataset_dir = os.path.join(str(tmp_path / "out"), "data", manifest.fingerprint)
     shard_syncs = [i for i, path in enumerate(events) if "/.staging-" in path and "/part-" in path]
     assert len(shard_syncs) == len(manifest.shards) >= 3
@@ -162,12 +164,12 @@ def test_durable_writes_hand_each_large_block_to_the_device_as_it_is_written(bui
 
     monkeypatch.setattr(built, "start_writeback", spy)
     rng = np.random.default_rng(6)
-    framed = encoding.encode_tfrecords({"x": rng.normal(size=(40_000, 16)).astype(np.float32)})
+    framed = encode_tfrecords({"x": rng.normal(size=(40_000, 16)).astype(np.float32)})
     cut = 15_000
     for durable in (True, False):
         calls.clear()
         path = tmp_path / f"durable-{durable}.tfrecord"
-        writer = encoding.TFRecordFileWriter(str(path), durable=durable, direct=False)
+        writer = TFRecordFileWriter(str(path), durable=durable, direct=False)
         writer.write(framed, 0, 3)  # small: no hint
         writer.write(framed, 3, cut)
         writer.write(framed, cut)

@@ -8,8 +8,8 @@ import io
 import fsspec
 
 from pipeline_lib.config import DataConfig
-from pipeline_lib.data import conversion
 from pipeline_lib.data import demo as demo_data
+from pipeline_lib.data.convert import convert
 from pipeline_lib.data.manifest import DType
 
 
@@ -40,7 +40,7 @@ def test_write_digits_csv_to_memory_and_ensure_keeps_existing():
 
 def test_digits_convert_to_64_float_features_and_10_classes(tmp_path):
     uri = demo_data.write_digits_csv(str(tmp_path / "digits.csv"))
-    manifest = conversion.convert(DataConfig(source=uri, label="target", target_shard_mb=0.25), str(tmp_path / "out"))
+    manifest = convert(DataConfig(source=uri, label="target", target_shard_mb=0.25), str(tmp_path / "out"))
     schema = manifest.feature_schema
     assert len(schema.features) == 64 and {f.dtype for f in schema.features} == {DType.FLOAT32}
     assert schema.num_classes == 10

@@ -11,14 +11,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipeline_lib.checkpoints import store as checkpoints
+from pipeline_lib.checkpoints import manifests
+from pipeline_lib.checkpoints.records import CheckpointRecord
+from pipeline_lib.checkpoints.store import CheckpointStore
 from pipeline_lib.config import parse_config
 from pipeline_lib.core.storage import sha256_local
 from pipeline_lib.evaluation import consolidation
 from pipeline_lib.evaluation import metrics as evaluation
 from pipeline_lib.training import input_pipeline, models
 from pipeline_lib.training import loop as training
-from pipeline_lib.training.loop import TrainResult
+from pipeline_lib.training.results import TrainResult
 from tests.conftest import make_plan
 
 
@@ -37,7 +39,7 @@ def _train_result(run_dir: str, checkpoint_dir: str) -> TrainResult:
         run_dir=run_dir, strategy="default", strategy_reason="test", num_workers=1, num_replicas=1,
         per_replica_batch_size=8, global_batch_size=8, base_learning_rate=1e-3, scaled_learning_rate=1e-3,
         lr_scaling="linear", steps_per_epoch=1, total_steps=3, final_step=3, final_loss=0.0,
-        checkpoint_dir=checkpoint_dir, checkpoints=tuple(checkpoints.list_checkpoints(checkpoint_dir)),
+        checkpoint_dir=checkpoint_dir, checkpoints=tuple(manifests.list_checkpoints(checkpoint_dir)),
         tensorboard_dir=os.path.join(run_dir, "tensorboard"))
 
 
@@ -49,7 +51,7 @@ def saved_run(tmp_path, tiny_manifest):
     optimizer = keras.optimizers.Adam()
     optimizer.build(model.trainable_variables)
     step = tf.Variable(0, dtype=tf.int64)
-    store = checkpoints.CheckpointStore(str(tmp_path / "run" / "checkpoints"),
+    store = CheckpointStore(str(tmp_path / "run" / "checkpoints"),
                                         tf.train.Checkpoint(model=model, optimizer=optimizer, step=step), keep=3)
     rng = np.random.default_rng(0)
     weights = {}
@@ -151,11 +153,11 @@ def test_latest_and_loss_selection(saved_run, tiny_manifest, tmp_path):
 
 def test_selection_falls_back_to_latest_without_metrics(tmp_path):
     config = _config(tmp_path)
-    records = [training.CheckpointRecord(step=s, path=f"/x/ckpt-{s}") for s in (5, 10)]
+    records = [CheckpointRecord(step=s, path=f"/x/ckpt-{s}") for s in (5, 10)]
     ranked = consolidation.rank_checkpoints(config, records)
     assert [(r.step, why) for r, why in ranked] == [
         (10, "latest (no checkpoint records eval_accuracy)"), (5, "latest (no checkpoint records eval_accuracy)")]
-    tied = [training.CheckpointRecord(step=s, path=f"/x/ckpt-{s}", metrics={"eval_accuracy": 0.8}) for s in (5, 10)]
+    tied = [CheckpointRecord(step=s, path=f"/x/ckpt-{s}", metrics={"eval_accuracy": 0.8}) for s in (5, 10)]
     assert consolidation.rank_checkpoints(config, tied)[0][0].step == 10  # ties go to the newest
 
 

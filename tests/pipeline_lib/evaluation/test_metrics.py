@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import math
 
-import keras
 import numpy as np
 import pytest
 from sklearn.metrics import confusion_matrix as sk_confusion_matrix
@@ -13,19 +11,8 @@ from sklearn.metrics import roc_auc_score
 
 from pipeline_lib.config import GateConfig, Task, parse_config
 from pipeline_lib.evaluation import metrics as evaluation
-from pipeline_lib.training import models
 from tests.conftest import NUM_CLASSES, generate_rows, write_dataset
-
-NUM_EVAL = 50
-
-
-def _linear_model(schema, weights: np.ndarray, bias: np.ndarray) -> keras.Model:
-    """logits = numeric @ weights + bias; the string input is ignored."""
-    inputs = models.create_inputs(schema)
-    dense = keras.layers.Dense(weights.shape[1], name="linear")
-    outputs = dense(inputs["numeric"])
-    dense.set_weights([weights.astype(np.float32), bias.astype(np.float32)])
-    return keras.Model(inputs, outputs)
+from tests.pipeline_lib.evaluation.conftest import NUM_EVAL, linear_model
 
 
 def _eval_numeric(task: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -34,14 +21,6 @@ def _eval_numeric(task: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     numeric = np.array([np.concatenate([r["x"], [r["size"]]]) for r in rows], dtype=np.float64)
     labels = np.array([r["label"] for r in rows])
     return numeric, labels
-
-
-@pytest.fixture
-def classification_setup(tmp_path):
-    manifest = write_dataset(str(tmp_path / "cls"), num_train=8, num_eval=NUM_EVAL)
-    rng = np.random.default_rng(7)
-    weights, bias = rng.normal(size=(5, NUM_CLASSES)), rng.normal(size=NUM_CLASSES)
-    return manifest, _linear_model(manifest.feature_schema, weights, bias), weights, bias
 
 
 def test_classification_metrics_match_hand_computation(classification_setup):
@@ -103,7 +82,7 @@ def test_regression_metrics_match_hand_computation(tmp_path):
     manifest = write_dataset(str(tmp_path / "reg"), num_train=8, num_eval=NUM_EVAL, task="regression")
     rng = np.random.default_rng(3)
     weights, bias = rng.normal(size=(5, 1)), rng.normal(size=1)
-    model = _linear_model(manifest.feature_schema, weights, bias)
+    model = linear_model(manifest.feature_schema, weights, bias)
     numeric, targets = _eval_numeric("regression")
     errors = (numeric @ weights + bias).reshape(-1) - targets
 
@@ -139,33 +118,8 @@ def test_evaluate_loads_the_keras_file_and_applies_the_gate(classification_setup
     assert "needs ≥" in failed.gate.reason
 
 
-def test_gate_directions_and_missing_metric():
-    report = evaluation.EvalReport(task="regression", metrics={"loss": 0.5, "mae": 0.4, "rmse": 0.7},
-                                   num_examples=3)
-    # Lower is better for mae whatever the configured direction says.
-    assert evaluation.gate(report, GateConfig(metric="mae", threshold=0.5)).passed
-    assert not evaluation.gate(report, GateConfig(metric="mae", threshold=0.3)).passed
-    assert evaluation.gate(report, GateConfig(metric="accuracy")).passed  # no threshold: nothing to reach
-    with pytest.raises(evaluation.EvaluationError, match=r"evaluation.gate.metric \('accuracy'\) is not among"):
-        evaluation.gate(report, GateConfig(metric="accuracy", threshold=0.9))
-
-
 def test_missing_model_file_names_the_path(tiny_manifest, tmp_path):
     config = parse_config({"data": {"source": "unused.csv", "label": "label"}, "output_root": str(tmp_path)})
     missing = str(tmp_path / "nope.keras")
     with pytest.raises(evaluation.EvaluationError, match="nope.keras"):
         evaluation.evaluate(config, tiny_manifest, missing)
-
-
-def test_report_markdown_and_json(classification_setup):
-    manifest, model, _, _ = classification_setup
-    report = evaluation.evaluate_model(model, manifest, "classification")
-    report = report.model_copy(update={"gate": evaluation.gate(report, GateConfig(threshold=0.0))})
-    markdown = report.to_markdown()
-    assert "| accuracy |" in markdown and "Confusion matrix" in markdown
-    assert f"| **0** | {' | '.join(str(c) for c in report.confusion_matrix[0])} |" in markdown
-    assert "Gate passed" in markdown
-    payload = json.loads(report.to_json())
-    assert payload["confusion_matrix"] == report.confusion_matrix
-    assert payload["metrics"]["accuracy"] == pytest.approx(report.metrics["accuracy"])
-    assert payload["gate"]["passed"] is True

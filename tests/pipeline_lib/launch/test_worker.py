@@ -1,4 +1,4 @@
-"""The worker entry point: spec round trip, heartbeats, SIGTERM as a stop request, exit codes of a real process."""
+"""The worker entry point: SIGTERM as a stop request, server tasks, exit codes of a real process."""
 
 from __future__ import annotations
 
@@ -9,19 +9,13 @@ import subprocess
 import sys
 
 import pytest
-from pydantic import ValidationError
 
-from pipeline_lib.cluster.validation import ClusterInfo
-from pipeline_lib.config import parse_config
+from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.launch import worker
-from pipeline_lib.launch.worker import (
-    PREEMPTION_EXIT_CODE,
-    Heartbeat,
-    WorkerHooks,
-    WorkerSpec,
-    load_spec,
-)
-from pipeline_lib.training.loop import TrainResult
+from pipeline_lib.launch.heartbeat import Heartbeat, read_heartbeat
+from pipeline_lib.launch.spec import PREEMPTION_EXIT_CODE, WorkerSpec
+from pipeline_lib.launch.worker import WorkerHooks
+from pipeline_lib.training.results import TrainResult
 from tests.pipeline_lib.launch_support import (
     make_config,
     make_spec,
@@ -29,7 +23,7 @@ from tests.pipeline_lib.launch_support import (
     write_dataset_on_disk,
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 @pytest.fixture(scope="module")
@@ -37,33 +31,8 @@ def dataset(tmp_path_factory):
     return write_dataset_on_disk(str(tmp_path_factory.mktemp("worker_data")), num_train=256, num_eval=64)
 
 
-def test_spec_round_trips_through_json(tmp_path, dataset):
-    config = make_config(str(tmp_path))
-    spec = make_spec(config, dataset, plan_for(dataset, config, steps=4), str(tmp_path / "run"))
-    path = tmp_path / "spec.json"
-    path.write_text(spec.model_dump_json())
-    loaded = load_spec(str(path))
-    assert loaded == spec
-    assert loaded.pipeline_config() == config
-    with pytest.raises(ValidationError, match="frozen"):
-        spec.run_dir = "elsewhere"
-
-
-def test_heartbeat_writes_at_most_every_interval(tmp_path):
-    cluster = ClusterInfo(task_type="worker", task_index=1, cluster={"worker": ("a:1", "b:2")})
-    beat = Heartbeat(str(tmp_path), cluster, interval_s=3600)
-    beat.beat(1, 32, force=True)
-    beat.beat(2, 32)  # inside the interval: not written
-    content = json.loads((tmp_path / "worker-1.json").read_text())
-    assert content["step"] == 1 and content["task"] == "worker 1" and content["pid"] == os.getpid()
-    beat.beat(3, 32, force=True)
-    content = worker.read_heartbeat(str(tmp_path / "worker-1.json"))
-    assert content["step"] == 3 and content["examples"] == 96
-    assert worker.read_heartbeat(str(tmp_path / "missing.json")) is None
-
-
 def test_sigterm_becomes_a_stop_request():
-    hooks = WorkerHooks(heartbeat=None, injector=None)
+    hooks = WorkerHooks(heartbeat=None, step_fault_fn=None)
     previous = signal.getsignal(signal.SIGTERM)
     try:
         hooks.install_sigterm()
@@ -72,6 +41,33 @@ def test_sigterm_becomes_a_stop_request():
         assert hooks.stop_requested()
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_step_hooks_beat_and_call_the_step_fault(tmp_path):
+    cluster = ClusterInfo(task_type="worker", task_index=1, cluster={"worker": ("a:1", "b:2")})
+    steps: list[int] = []
+    hooks = WorkerHooks(Heartbeat(str(tmp_path), cluster, interval_s=3600), step_fault_fn=steps.append)
+    hooks.on_step_end(1, 32, 0.5)
+    hooks.on_step_end(2, 32, 0.4)
+    assert steps == [1, 2]
+    assert read_heartbeat(str(tmp_path / "worker-1.json"))["step"] == 1  # step 1 forced, step 2 throttled
+
+
+def test_fault_injection_loads_test_support_only_when_tfdag_fault_is_set(tmp_path, monkeypatch, dataset):
+    config = make_config(str(tmp_path))
+    spec = make_spec(config, dataset, plan_for(dataset, config, steps=4), str(tmp_path / "run"))
+    for name in ("pipeline_lib.testing", "pipeline_lib.testing.faults"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.delenv("TFDAG_FAULT", raising=False)
+    assert worker._create_step_fault_fn(spec, config, ClusterInfo()) is None
+    assert "pipeline_lib.testing.faults" not in sys.modules
+    monkeypatch.setenv("TFDAG_FAULT", "raise:worker=1:step=3")
+    assert worker._create_step_fault_fn(spec, config, ClusterInfo()) is None  # worker 0: not its fault
+    monkeypatch.setenv("TFDAG_FAULT", "raise:worker=0:step=3")
+    step_fault_fn = worker._create_step_fault_fn(spec, config, ClusterInfo())
+    step_fault_fn(2)
+    with pytest.raises(sys.modules["pipeline_lib.testing.faults"].FaultInjected, match="raise:worker=0:step=3"):
+        step_fault_fn(3)
 
 
 def test_server_tasks_only_under_parameter_server(tmp_path):
@@ -111,7 +107,7 @@ def test_single_worker_process_trains_and_writes_result(tmp_path, dataset):
     result = TrainResult.model_validate_json((tmp_path / "run" / "result.json").read_text())
     assert result.final_step == 12 and result.is_chief and result.start_step == 0
     assert [c.step for c in result.checkpoints] == [10, 12]
-    beat = worker.read_heartbeat(os.path.join(spec.heartbeat_dir, "worker-0.json"))
+    beat = read_heartbeat(os.path.join(spec.heartbeat_dir, "worker-0.json"))
     assert beat["step"] == 12 and beat["examples"] == 12 * 32
 
 
@@ -126,12 +122,3 @@ def test_sigterm_checkpoints_and_exits_with_the_preemption_code(tmp_path, datase
     manifest = json.loads((tmp_path / "run" / "checkpoints" / "ckpt-7.manifest.json").read_text())
     assert manifest["step"] == 7
     assert not (tmp_path / "run" / "result.json").exists()
-
-
-def test_config_in_spec_is_validated(tmp_path, dataset):
-    config = make_config(str(tmp_path))
-    spec = make_spec(config, dataset, plan_for(dataset, config, steps=4), str(tmp_path / "run"))
-    bad = spec.model_copy(update={"config": {**spec.config, "train": {"workers": 0}}})
-    with pytest.raises(ValueError, match="train.workers"):
-        bad.pipeline_config()
-    assert parse_config(spec.config) == config

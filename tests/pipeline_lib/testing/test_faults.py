@@ -21,7 +21,7 @@ from pipeline_lib.testing.faults import (
     parse_faults,
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def test_parse_every_documented_form():

@@ -13,10 +13,11 @@ from pipeline_lib.config import (
     Direction,
     GateConfig,
     ModelConfig,
+    metric_direction,
     parse_config,
 )
-from pipeline_lib.data import conversion
 from pipeline_lib.data.manifest import SourceFile, SourceFingerprint
+from pipeline_lib.data.sources import source_fingerprint
 from pipeline_lib.tracking import registry
 
 # --- the source fingerprint the retrain flow compares ---------------------------------------------------------
@@ -29,20 +30,20 @@ def test_source_fingerprint_is_stable_and_changes_when_rows_are_appended(tmp_pat
     """What the retrain flow compares: conversion's listing fingerprint, before any conversion runs."""
     source = tmp_path / "raw.csv"
     source.write_text("a,b\n1,2\n")
-    first = conversion.source_fingerprint(_data(str(source)))
-    assert first == conversion.source_fingerprint(_data(str(source)))
+    first = source_fingerprint(_data(str(source)))
+    assert first == source_fingerprint(_data(str(source)))
     with open(source, "a") as handle:
         handle.write("3,4\n")
-    assert conversion.source_fingerprint(_data(str(source))).sha256 != first.sha256
+    assert source_fingerprint(_data(str(source))).sha256 != first.sha256
 
 
 def test_source_fingerprint_of_a_glob_sees_a_new_file(tmp_path):
     for name in ("part-1.csv", "part-2.csv"):
         (tmp_path / name).write_text("a,b\n1,2\n")
     glob = str(tmp_path / "part-*.csv")
-    before = conversion.source_fingerprint(_data(glob))
+    before = source_fingerprint(_data(glob))
     (tmp_path / "part-3.csv").write_text("a,b\n5,6\n")
-    after = conversion.source_fingerprint(_data(glob))
+    after = source_fingerprint(_data(glob))
     assert (len(before.files), len(after.files)) == (2, 3) and after.sha256 != before.sha256
 
 
@@ -76,11 +77,16 @@ def test_higher_is_better_with_a_margin(challenger, champion, margin, blessed):
     assert (decision.challenger_score, decision.champion_score) == (challenger, champion)
 
 
-def test_loss_is_lower_is_better_whatever_the_gate_direction_says():
-    gate = GateConfig(metric="loss", direction=Direction.MAX)
-    assert registry.effective_direction(gate) == Direction.MIN
+@pytest.mark.parametrize("metric", ["loss", "mae", "rmse"])
+def test_loss_mae_and_rmse_are_lower_is_better_whatever_the_gate_direction_says(metric):
+    gate = GateConfig(metric=metric, direction=Direction.MAX)
+    assert metric_direction(gate.metric, gate.direction) == Direction.MIN
     assert registry.decide(0.2, 0.3, gate, 0.0, champion_version=1).blessed
+    assert registry.decide(0.2, 0.3, gate, 0.0, champion_version=1).direction == "min"
     assert not registry.decide(0.4, 0.3, gate, 0.0, champion_version=1).blessed
+    threshold = gate.model_copy(update={"threshold": 0.25})
+    refused = registry.decide(0.3, None, threshold, 0.0)
+    assert not refused.blessed and "misses evaluation.gate.threshold (≤ 0.25)" in refused.reason
 
 
 def test_min_direction_on_a_custom_metric():
@@ -228,7 +234,7 @@ def test_download_keras_model_returns_the_registered_weights(tmp_path, shared_ma
     import keras
     from mlflow import MlflowClient
 
-    from pipeline_lib.tracking import mlflow_run as tracking
+    from pipeline_lib.tracking import model_logging
     from pipeline_lib.training import models
 
     monkeypatch.chdir(tmp_path)  # MLflow may default artifacts to ./mlruns
@@ -240,7 +246,7 @@ def test_download_keras_model_returns_the_registered_weights(tmp_path, shared_ma
                                 shared_manifest.feature_schema)
     keras_path = str(tmp_path / "model.keras")
     model.save(keras_path)
-    version = tracking.log_and_register_model(run.info.run_id, uri, keras_path, "dl", shared_manifest)
+    version = model_logging.log_and_register_model(run.info.run_id, uri, keras_path, "dl", shared_manifest)
 
     downloaded = registry.download_keras_model(uri, "dl", version.version, str(tmp_path / "download"))
     assert downloaded.endswith(".keras")

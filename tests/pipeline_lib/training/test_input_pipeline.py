@@ -143,7 +143,7 @@ def test_parse_batch_size_is_a_multiple_of_the_batch():
 def _converted(tmp_path, name: str, *, ints: bool, task: str = "classification", num_rows: int = 600):
     """A numeric dataset written by conversion (so its manifest records the byte layout) from a NumPy .npz."""
     from pipeline_lib.config import DataConfig
-    from pipeline_lib.data import conversion
+    from pipeline_lib.data.convert import convert
 
     rng = np.random.default_rng(7)
     arrays = {"x": rng.normal(size=(num_rows, 4)).astype(np.float32), "f": rng.normal(size=num_rows).astype(np.float32)}
@@ -154,8 +154,7 @@ def _converted(tmp_path, name: str, *, ints: bool, task: str = "classification",
                        else rng.normal(size=num_rows).astype(np.float32))
     source = tmp_path / f"{name}.npz"
     np.savez(source, **arrays)
-    return conversion.convert(DataConfig(source=str(source), label="label", read_chunk_rows=128),
-                              str(tmp_path / name))
+    return convert(DataConfig(source=str(source), label="label", read_chunk_rows=128), str(tmp_path / name))
 
 
 def _numeric_batches(dataset):

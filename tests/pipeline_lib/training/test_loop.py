@@ -1,4 +1,4 @@
-"""Tests for pipeline_lib.training.loop: the custom loop under Default and Mirrored, equivalence, exact resume."""
+"""Tests for pipeline_lib.training.loop: the custom loop under Default, Mirrored, MWMS and PS; exact resume."""
 
 from __future__ import annotations
 
@@ -8,13 +8,18 @@ import os
 import numpy as np
 import pytest
 
-from pipeline_lib.checkpoints import store as checkpoints
+from pipeline_lib.checkpoints import manifests
 from pipeline_lib.config import parse_config
-from pipeline_lib.tracking.mlflow_run import InMemorySink
+from pipeline_lib.testing.sinks import InMemorySink
 from pipeline_lib.training import loop as training
+from pipeline_lib.training.errors import TrainingError, TrainingInterrupted
+from pipeline_lib.training.hooks import TrainHooks
 from tests.conftest import make_plan, write_dataset
 
 pytestmark = pytest.mark.slow
+
+# tests/pipeline_lib/training/test_loop.py -> the repository root, for the worker processes' PYTHONPATH.
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _config(**train):
@@ -31,7 +36,7 @@ def _weights(run_dir, config, manifest):
 
     from pipeline_lib.training import models
 
-    record = checkpoints.latest_valid(os.path.join(run_dir, "checkpoints"))
+    record = manifests.latest_valid(os.path.join(run_dir, "checkpoints"))
     model = models.create_model(config.model, manifest.feature_schema)
     tf.train.Checkpoint(model=model).read(record.path).expect_partial()
     return [w.numpy() for w in model.weights]
@@ -41,7 +46,7 @@ def _max_diff(a, b):
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
 
 
-class RecordingHooks(training.TrainHooks):
+class RecordingHooks(TrainHooks):
     def __init__(self, stop_at=None):
         self.steps, self.stop_at = [], stop_at
 
@@ -58,7 +63,7 @@ def test_loss_falls_and_every_planned_step_runs(tmp_path, shared_manifest, strat
     config = _config(strategy=strategy, cpu_replicas=cpu_replicas, steps_per_execution=3)
     plan = make_plan(shared_manifest, replicas_per_worker=replicas, epochs=4)
     sink, hooks = InMemorySink(), RecordingHooks()
-    with caplog.at_level(logging.INFO, logger="pipeline_lib.training.loop"):
+    with caplog.at_level(logging.INFO, logger="pipeline_lib.training.progress"):
         result = training.train(config, shared_manifest, plan, str(tmp_path), metrics_sink=sink, hooks=hooks)
     assert result.strategy == strategy and result.num_replicas == replicas
     assert result.global_batch_size == 32 * replicas
@@ -108,7 +113,7 @@ def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path, shared_manifest, 
     whole = training.train(config, shared_manifest, plan, str(tmp_path / "whole"))
 
     resumed_dir = str(tmp_path / "resumed")
-    with pytest.raises(training.TrainingInterrupted) as stopped:
+    with pytest.raises(TrainingInterrupted) as stopped:
         training.train(config, shared_manifest, plan, resumed_dir, hooks=RecordingHooks(stop_at=stop_at))
     assert stopped.value.step == stop_at + (stop_at % 2)
     hooks = RecordingHooks()
@@ -119,68 +124,6 @@ def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path, shared_manifest, 
     assert abs(result.final_loss - whole.final_loss) < 1e-5
     assert _max_diff(_weights(str(tmp_path / "whole"), config, shared_manifest),
                      _weights(resumed_dir, config, shared_manifest)) < 1e-5
-
-
-def _epoch_batches(dataset) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [(inputs["numeric"].numpy(), labels.numpy()) for inputs, labels in dataset]
-
-
-def _assert_same_batches(got, expected) -> None:
-    assert len(got) == len(expected)
-    for (x, y), (ex, ey) in zip(got, expected):
-        np.testing.assert_array_equal(x, ex)
-        np.testing.assert_array_equal(y, ey)
-
-
-def test_one_pipeline_for_every_epoch_gives_the_batches_of_one_pipeline_per_epoch(tiny_manifest):
-    """The training input (all epochs traced once) equals building each epoch's pipeline alone, the recipe it
-    replaced: epoch e shuffled with epoch_seed(seed, e), the first epoch resumed 3 batches in."""
-    import keras
-
-    from pipeline_lib.training import input_pipeline
-
-    config = _config(shuffle=True, shuffle_buffer=64)
-    keras.utils.set_random_seed(config.train.seed)  # as train() does
-    batch, per_epoch, start_epoch, skip, num_epochs = 8, 30, 1, 3, 4
-    got = _epoch_batches(training._epochs(tiny_manifest, config.train, batch, None, None, True, per_epoch,
-                                          start_epoch, skip, num_epochs))
-    expected, by_epoch = [], []
-    for epoch in range(start_epoch, num_epochs):
-        first = skip if epoch == start_epoch else 0
-        alone = input_pipeline.create_dataset(
-            tiny_manifest, "train", batch, shuffle=True, seed=training.epoch_seed(config.train.seed, epoch),
-            shuffle_buffer=64, drop_remainder=True, skip_batches=first, is_classification=True).take(per_epoch - first)
-        by_epoch.append(_epoch_batches(alone))
-        expected += by_epoch[-1]
-    assert len(got) == (num_epochs - start_epoch) * per_epoch - skip
-    _assert_same_batches(got, expected)
-    assert not np.array_equal(by_epoch[1][0][1], by_epoch[2][0][1])  # each epoch is shuffled anew
-
-
-def test_epoch_seed_is_the_same_for_an_int_and_a_tensor_epoch_at_any_seed():
-    import tensorflow as tf
-
-    for seed in (0, 42, -7, 10**15, 2**62):
-        for epoch in (0, 1, 613):
-            expected = training.epoch_seed(seed, epoch)
-            assert 0 <= expected < 2**31 - 1
-            assert int(training.epoch_seed(seed, tf.constant(epoch, tf.int64))) == expected
-
-
-def test_training_input_builds_and_repeats_with_seed_zero(tiny_manifest):
-    """A global seed of 0 (train.seed: 0) would make tf.data ask a traced seed for its truth value."""
-    import keras
-
-    config = _config(shuffle=True, shuffle_buffer=64, seed=0)
-    keras.utils.set_random_seed(0)
-
-    def build():
-        return _epoch_batches(training._epochs(tiny_manifest, config.train, 8, None, None, True, 30, 0, 0, 3))
-
-    first = build()
-    _assert_same_batches(build(), first)
-    assert len(first) == 90
-    assert not np.array_equal(first[0][1], first[30][1]) and not np.array_equal(first[30][1], first[60][1])
 
 
 def test_steps_per_execution_does_not_change_the_result(tmp_path, tiny_manifest):
@@ -219,19 +162,21 @@ def test_regression_with_warmup_and_mixed_precision(tmp_path):
 
 def test_plan_for_another_cluster_is_rejected(tmp_path, tiny_manifest):
     config = _config(strategy="mirrored", cpu_replicas=2)
-    with pytest.raises(training.TrainingError, match=r"global_batch_size \(32\) .* 2 replica"):
+    with pytest.raises(TrainingError, match=r"global_batch_size \(32\) .* 2 replica"):
         training.train(config, tiny_manifest, make_plan(tiny_manifest, replicas_per_worker=1), str(tmp_path))
 
 
 def test_short_data_for_the_plan_is_rejected(tmp_path, tiny_manifest):
     plan = make_plan(tiny_manifest).model_copy(update={"steps_per_epoch": 100, "total_steps": 100})
-    with pytest.raises(training.TrainingError, match="needs 100"):
+    with pytest.raises(TrainingError, match="needs 100"):
         training.train(_config(strategy="default"), tiny_manifest, plan, str(tmp_path))
 
 
 WORKER_SOURCE = '''
 import json, os, sys
 from pipeline_lib.training import loop as training
+from pipeline_lib.training.errors import TrainingInterrupted
+from pipeline_lib.training.hooks import TrainHooks
 from pipeline_lib.config import parse_config
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.planning.sharding import ShardPlan
@@ -240,7 +185,7 @@ args = json.loads(sys.argv[1])
 index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 
 
-class Hooks(training.TrainHooks):
+class Hooks(TrainHooks):
     step = 0
 
     def on_step_end(self, step, examples, loss):
@@ -255,7 +200,7 @@ try:
                             ShardPlan.model_validate_json(args["plan"]), args["run_dir"], hooks=Hooks())
     print("RESULT", json.dumps({"final_step": result.final_step, "start_step": result.start_step,
                                 "is_chief": result.is_chief, "checkpoints": len(result.checkpoints)}))
-except training.TrainingInterrupted as stopped:
+except TrainingInterrupted as stopped:
     print("INTERRUPTED", stopped.step)
     sys.exit(3)
 '''
@@ -278,11 +223,10 @@ def _run_workers(tmp_path, args, num_workers=2):
     script = tmp_path / "worker.py"
     script.write_text(WORKER_SOURCE)
     addresses = [f"127.0.0.1:{_free_port()}" for _ in range(num_workers)]
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     procs = []
     try:
         for index in range(num_workers):
-            env = dict(os.environ, PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL="2",
+            env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2",
                        TF_CONFIG=json.dumps({"cluster": {"worker": addresses},
                                              "task": {"type": "worker", "index": index}}))
             procs.append(subprocess.Popen([sys.executable, str(script), json.dumps(args)], env=env,
@@ -312,7 +256,7 @@ def test_multi_worker_matches_default_and_stops_together(tmp_path):
     codes, outputs = _run_workers(tmp_path, args)
     assert codes == [3, 3], outputs
     assert all("INTERRUPTED 23" in out for out in outputs)
-    assert [r.step for r in checkpoints.list_checkpoints(str(tmp_path / "mwms" / "checkpoints"))] == [20, 23]
+    assert [r.step for r in manifests.list_checkpoints(str(tmp_path / "mwms" / "checkpoints"))] == [20, 23]
 
     args.pop("stop_worker")
     codes, outputs = _run_workers(tmp_path, args)
@@ -327,7 +271,7 @@ def test_multi_worker_matches_default_and_stops_together(tmp_path):
 PS_TASK_SOURCE = '''
 import json, sys
 from pipeline_lib.training import loop as training
-from pipeline_lib.cluster.validation import cluster_from_env
+from pipeline_lib.cluster.info import cluster_from_env
 from pipeline_lib.config import parse_config
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.planning.sharding import ShardPlan
@@ -357,12 +301,11 @@ def test_parameter_server_chief_coordinates_two_workers_and_one_ps(tmp_path):
                "worker": [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]}
     script = tmp_path / "task.py"
     script.write_text(PS_TASK_SOURCE)
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     procs = []
     try:
         for job in ("chief", "ps", "worker"):
             for index in range(len(cluster[job])):
-                env = dict(os.environ, PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL="2",
+                env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2",
                            TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}))
                 procs.append(subprocess.Popen([sys.executable, str(script), json.dumps(args)], env=env,
                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -376,4 +319,4 @@ def test_parameter_server_chief_coordinates_two_workers_and_one_ps(tmp_path):
     result = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
     assert result["final_step"] == 60 and result["num_workers"] == 2
     assert result["accuracy"] > 0.7
-    assert [r.step for r in checkpoints.list_checkpoints(str(tmp_path / "ps" / "checkpoints"))] == [30, 60]
+    assert [r.step for r in manifests.list_checkpoints(str(tmp_path / "ps" / "checkpoints"))] == [30, 60]

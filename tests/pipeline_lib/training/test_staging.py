@@ -8,7 +8,7 @@ import uuid
 import fsspec
 import pytest
 
-from pipeline_lib.cluster.validation import ClusterInfo
+from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.core import storage
 from pipeline_lib.planning.sharding import AutoShardPolicy
 from pipeline_lib.training import input_pipeline, staging
@@ -145,8 +145,3 @@ def test_stage_split_gives_a_local_eval_manifest(remote, tmp_path):
     assert storage.is_local(staged.dataset_uri)
     assert all(os.path.isfile(os.path.join(staged.dataset_uri, s.path)) for s in remote.shards_for("eval"))
     assert not any(os.path.exists(os.path.join(staged.dataset_uri, s.path)) for s in remote.shards_for("train"))
-
-
-def test_default_cache_dir_follows_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv(staging.CACHE_ENV, str(tmp_path / "c"))
-    assert staging.default_cache_dir() == str(tmp_path / "c")

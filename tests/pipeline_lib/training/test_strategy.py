@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipeline_lib.cluster.validation import ClusterInfo
+from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.config import Collective, LrScaling, Strategy, TrainConfig
 from pipeline_lib.training import strategy as strategies
 

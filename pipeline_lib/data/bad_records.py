@@ -1,0 +1,76 @@
+"""Bad records: fail on the first one in file order, or count them and keep a few messages that name them."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipeline_lib.config import OnBadRecord
+from pipeline_lib.data.coercion import Column
+from pipeline_lib.data.errors import ConversionError
+from pipeline_lib.data.readers.base import RawChunk
+
+logger = logging.getLogger(__name__)
+
+MAX_BAD_SAMPLES = 5
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _bad_message(chunk: RawChunk, position: int, column: str | None, value: Any, why: str) -> str:
+    where = f"{chunk.uri} {chunk.unit} {position}"
+    if column is None:
+        return f"{where} {why}"
+    return f"{where}, column {column!r}: value {_describe(value)} {why}"
+
+
+@dataclass
+class BadRecords:
+    """The bad rows skipped so far, and messages for the first MAX_BAD_SAMPLES of them."""
+
+    on_bad_record: OnBadRecord
+    num_bad: int = 0
+    samples: list[str] = field(default_factory=list)
+
+    def handle(self, chunk: RawChunk, columns: dict[str, Column], bad: np.ndarray) -> None:
+        """Fail on the first bad row of `chunk` in file order, or count and sample its bad rows.
+
+        Args:
+            chunk: the chunk read; its `structural` rows could not be split into columns.
+            columns: the chunk's coerced columns, with each bad value's reason.
+            bad: per row, whether any column of it was bad.
+
+        Raises:
+            ConversionError: with `on_bad_record: fail`, naming the file, line or row, column and value.
+        """
+        problems: list[tuple[int, str]] = []
+        for position, why in chunk.structural:
+            problems.append((position, _bad_message(chunk, position, None, None, why)))
+        rows = np.flatnonzero(bad)
+        fail = self.on_bad_record == OnBadRecord.FAIL
+        limit = 1 if fail else max(0, MAX_BAD_SAMPLES - len(self.samples))
+        for row in rows[: max(limit, 1)].tolist():
+            name = next(n for n, c in columns.items() if c.bad[row])
+            value, why = columns[name].reasons[row]
+            position = chunk.position(row)
+            problems.append((position, _bad_message(chunk, position, name, value, why)))
+        problems.sort(key=lambda p: p[0])
+        if fail:
+            _position, message = problems[0]
+            raise ConversionError(
+                f"bad record: {message}; fix the source or set data.on_bad_record: skip to drop such rows "
+                "(they are counted in the manifest)"
+            )
+        count = len(chunk.structural) + len(rows)
+        self.num_bad += count
+        for _position, message in problems:
+            if len(self.samples) < MAX_BAD_SAMPLES:
+                self.samples.append(message)
+                logger.warning("convert | skipping bad record: %s", message)
+        logger.info("convert | skipped %d bad record(s) in %s (%d so far)", count, chunk.uri, self.num_bad)

@@ -1,0 +1,256 @@
+"""Coercion: raw chunk values to their column's inferred type, with a mask and a reason for every bad value."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline_lib.config import DataFormat
+from pipeline_lib.data.manifest import DType
+from pipeline_lib.data.readers.base import MISSING, is_missing
+from pipeline_lib.data.schema import ColumnType, is_list, is_text
+
+_INT64_RANGE = (-(1 << 63), (1 << 63) - 1)
+
+
+@dataclass
+class Column:
+    """Converted values (numpy for numbers, a pyarrow binary array for strings) and which rows were bad."""
+
+    values: Any
+    bad: np.ndarray  # bool per row
+    reasons: dict[int, tuple[Any, str]]  # row → (value, why), for the rows in `bad`
+
+
+def _arrow_target(ctype: ColumnType) -> pa.DataType:
+    return {DType.INT64: pa.int64(), DType.FLOAT32: pa.float32(), DType.STRING: pa.binary()}[ctype.dtype]
+
+
+def _cast(values: pa.Array, target: pa.DataType) -> pa.Array:
+    # float64 → float32 and int → float may round by design; integer targets stay strict (no truncation).
+    return pc.cast(values, target, safe=not pa.types.is_floating(target))
+
+
+def _unconvertible(values: pa.Array, target: pa.DataType) -> list[int]:
+    """Indices of the values that do not cast, found by bisection (a few casts per bad value)."""
+    try:
+        _cast(values, target)
+        return []
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OverflowError):
+        if len(values) == 1:
+            return [0]
+    half = len(values) // 2
+    return _unconvertible(values.slice(0, half), target) + [half + i for i in _unconvertible(values.slice(half), target)]
+
+
+class _Marker:
+    """Collects bad rows of one column with the first reason each row failed for."""
+
+    def __init__(self, raw: Any, num_rows: int):
+        self.raw = raw
+        self.bad = np.zeros(num_rows, dtype=bool)
+        self.reasons: dict[int, tuple[Any, str]] = {}
+
+    def __call__(self, rows, why: str) -> None:
+        for row in np.asarray(rows, dtype=np.int64).tolist():
+            if not self.bad[row]:
+                self.bad[row] = True
+                value = self.raw[row]
+                self.reasons[row] = (value.as_py() if hasattr(value, "as_py") else value, why)
+
+    def column(self, values: Any) -> Column:
+        return Column(values, self.bad, self.reasons)
+
+
+def _coerce_arrow(raw: pa.Array, ctype: ColumnType, is_csv: bool) -> Column:
+    """Cast a whole Arrow column at once; only when that fails, bisect for the values that do not convert."""
+    if isinstance(raw, pa.ChunkedArray):
+        raw = raw.combine_chunks()
+    num_rows = len(raw)
+    mark = _Marker(raw, num_rows)
+    if raw.null_count or (is_csv and ctype.dtype != DType.STRING):
+        missing = raw.is_null()
+        if is_csv and ctype.dtype != DType.STRING:
+            missing = pc.or_(missing, pc.equal(raw, ""))
+        mark(np.flatnonzero(missing.to_numpy(zero_copy_only=False)), "is missing")
+    if ctype.shape:
+        return _coerce_arrow_vector(raw, ctype, mark)
+    if ctype.dtype == DType.STRING:
+        if not is_text(raw.type):
+            if is_list(raw.type) or pa.types.is_struct(raw.type):
+                mark(np.arange(num_rows), f"is a {raw.type}, not a string")
+                return mark.column(pa.nulls(num_rows, pa.binary()))
+            raw = pc.cast(raw, pa.string())
+        # Bad rows stay in the array (as they are) and are filtered out before encoding.
+        return mark.column(pc.cast(raw, pa.large_binary() if pa.types.is_large_string(raw.type) else pa.binary()))
+    if is_list(raw.type) or pa.types.is_struct(raw.type):
+        mark(np.arange(num_rows), f"is a {raw.type}, not a {ctype.dtype.value}")
+        return mark.column(np.zeros(num_rows, ctype.numpy_dtype))
+    target = _arrow_target(ctype)
+    dtype = ctype.numpy_dtype
+    while True:
+        good_rows = np.flatnonzero(~mark.bad)
+        if not len(good_rows):
+            return mark.column(np.zeros(num_rows, dtype=dtype))
+        subset = raw if len(good_rows) == num_rows else raw.filter(pa.array(~mark.bad))
+        try:
+            converted = _cast(subset, target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OverflowError):
+            mark(good_rows[_unconvertible(subset, target)],
+                 f"cannot be converted to {ctype.dtype.value} (the type inferred from the first chunk)")
+            continue
+        if len(good_rows) == num_rows:  # the common case: Arrow's buffer, no copy
+            return mark.column(converted.to_numpy(zero_copy_only=False).astype(dtype, copy=False))
+        out = np.zeros(num_rows, dtype=dtype)  # bad rows stay 0: they are filtered out before encoding
+        out[good_rows] = converted.to_numpy(zero_copy_only=False)
+        return mark.column(out)
+
+
+def _coerce_arrow_vector(raw: pa.Array, ctype: ColumnType, mark: _Marker) -> Column:
+    num_rows = len(raw)
+    (width,) = ctype.shape
+    dtype = ctype.numpy_dtype
+
+    def zeros() -> np.ndarray:  # only where some row is bad: the common case returns Arrow's own buffer
+        return np.zeros((num_rows, width), dtype=dtype)
+
+    if not is_list(raw.type):
+        mark(np.arange(num_rows), f"is a {raw.type}, not a vector of {width} numbers")
+        return mark.column(zeros())
+    lengths = pc.list_value_length(raw).fill_null(-1).to_numpy(zero_copy_only=False)
+    mark(np.flatnonzero(lengths != width), f"is not a vector of length {width}")
+    target = _arrow_target(ColumnType(ctype.dtype))
+    while True:
+        good_rows = np.flatnonzero(~mark.bad)
+        if not len(good_rows):
+            return mark.column(zeros())
+        all_good = len(good_rows) == num_rows
+        flat = pc.list_flatten(raw if all_good else raw.filter(pa.array(~mark.bad)))
+        if flat.null_count:
+            inner_null = flat.is_null().to_numpy(zero_copy_only=False).reshape(-1, width).any(axis=1)
+            mark(good_rows[inner_null], "holds a missing value")
+            continue
+        try:
+            values = _cast(flat, target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OverflowError):
+            failing = np.unique(np.array(_unconvertible(flat, target), dtype=np.int64) // width)
+            mark(good_rows[failing], f"holds a value that cannot be converted to {ctype.dtype.value}")
+            continue
+        if all_good:  # the common case: the Arrow buffer itself, no copy
+            return mark.column(values.to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(-1, width))
+        out = zeros()
+        out[good_rows] = values.to_numpy(zero_copy_only=False).reshape(-1, width)
+        return mark.column(out)
+
+
+def _coerce_numpy(raw: np.ndarray, ctype: ColumnType) -> Column:
+    num_rows = raw.shape[0]
+    mark = _Marker(raw, num_rows)
+    expected_ndim = 2 if ctype.shape else 1
+    if raw.ndim != expected_ndim or (ctype.shape and raw.shape[1] != ctype.shape[0]):
+        want = f"vectors of length {ctype.shape[0]}" if ctype.shape else "scalars"
+        mark(np.arange(num_rows), f"has shape {raw.shape[1:]} per row, but the column holds {want}")
+        return mark.column(np.zeros((num_rows, *ctype.shape), np.float32) if ctype.dtype != DType.STRING
+                           else pa.nulls(num_rows, pa.binary()))
+    if ctype.dtype == DType.STRING:
+        if raw.dtype.kind not in "US":
+            mark(np.arange(num_rows), f"is not a string (dtype {raw.dtype})")
+            return mark.column(pa.nulls(num_rows, pa.binary()))
+        items = raw.tolist()
+        return mark.column(pa.array(items, pa.binary() if raw.dtype.kind == "S" else pa.string()).cast(pa.binary()))
+    if raw.dtype.kind not in "iubf":
+        mark(np.arange(num_rows), f"cannot be converted to {ctype.dtype.value} (dtype {raw.dtype})")
+        return mark.column(np.zeros((num_rows, *ctype.shape), np.float32))
+    if ctype.dtype == DType.FLOAT32:
+        return mark.column(raw.astype(np.float32, copy=False))
+    if raw.dtype.kind == "f":
+        axes = tuple(range(1, raw.ndim))
+        integral = np.isfinite(raw) & (raw == np.round(raw)) & (np.abs(raw) < 2.0**63)
+        mark(np.flatnonzero(~np.all(integral, axis=axes) if axes else ~integral), "cannot be converted to int64")
+        safe = np.where(integral, raw, 0)
+        return mark.column(safe.astype(np.int64))
+    return mark.column(raw.astype(np.int64))
+
+
+def _coerce_python(values: list, ctype: ColumnType) -> Column:
+    num_rows = len(values)
+    bad = np.zeros(num_rows, dtype=bool)
+    reasons: dict[int, tuple[Any, str]] = {}
+    if ctype.dtype == DType.STRING:
+        try:
+            return Column(pa.array(values, pa.string()).cast(pa.binary()), bad, reasons)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+            pass
+        out = []
+        for i, value in enumerate(values):
+            if isinstance(value, str):
+                out.append(value)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                out.append(json.dumps(value))
+            else:
+                bad[i] = True
+                reasons[i] = (None if value is MISSING else value,
+                              "is missing" if is_missing(value) else "is not a string")
+                out.append("")
+        return Column(pa.array(out, pa.string()).cast(pa.binary()), bad, reasons)
+    dtype = ctype.numpy_dtype
+    shape = (num_rows, *ctype.shape)
+    fast = _python_fast(values, ctype, shape)
+    if fast is not None:
+        return Column(fast.astype(dtype, copy=False), bad, reasons)
+    out = np.zeros(shape, dtype=dtype)
+    for i, value in enumerate(values):
+        why = _python_problem(value, ctype)
+        if why:
+            bad[i] = True
+            reasons[i] = (None if value is MISSING else value, why)
+        else:
+            out[i] = value
+    return Column(out, bad, reasons)
+
+
+def _python_fast(values: list, ctype: ColumnType, shape: tuple[int, ...]) -> np.ndarray | None:
+    try:
+        array = np.asarray(values)
+    except (ValueError, OverflowError):
+        return None
+    if array.shape != shape:
+        return None
+    if ctype.dtype == DType.INT64:
+        return array if array.dtype.kind in "iub" else None
+    return array if array.dtype.kind in "iubf" else None
+
+
+def _python_problem(value: Any, ctype: ColumnType) -> str | None:
+    if is_missing(value):
+        return "is missing"
+    items = value
+    if ctype.shape:
+        if not isinstance(value, list) or len(value) != ctype.shape[0]:
+            return f"is not a vector of length {ctype.shape[0]}"
+    else:
+        items = [value]
+    for item in items:
+        if item is None:
+            return "holds a missing value"
+        if ctype.dtype == DType.INT64:
+            if not isinstance(item, int) or not (_INT64_RANGE[0] <= item <= _INT64_RANGE[1]):
+                return "cannot be converted to int64"
+        elif isinstance(item, bool) or not isinstance(item, (int, float)):
+            return "cannot be converted to float32"
+    return None
+
+
+def coerce(raw: Any, ctype: ColumnType, fmt: DataFormat) -> Column:
+    """One column of a chunk converted to `ctype`, whatever its reader (numpy arrays, Python lists or Arrow)."""
+    if isinstance(raw, np.ndarray):
+        return _coerce_numpy(raw, ctype)
+    if isinstance(raw, list):
+        return _coerce_python(raw, ctype)
+    return _coerce_arrow(raw, ctype, is_csv=fmt == DataFormat.CSV)
+

@@ -1,0 +1,159 @@
+"""Publishing a shard set: local staging, shards under their final names, schema.json, manifest.json last; reuse."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import logging
+import os
+import posixpath
+import shutil
+import tempfile
+
+from pipeline_lib.core import storage
+from pipeline_lib.data.errors import raise_if_outage
+from pipeline_lib.data.manifest import (
+    MANIFEST_NAME,
+    SCHEMA_NAME,
+    Manifest,
+    RecordLayout,
+    Schema,
+    ShardInfo,
+    SourceFingerprint,
+    load_manifest,
+)
+from pipeline_lib.data.shard_writer import SPLITS, StagedShard
+
+logger = logging.getLogger(__name__)
+
+
+def _is_local_fs(fs) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def _path_join(fs):
+    """os.path.join on the local filesystem (its paths are OS paths), posixpath.join on every other one."""
+    return os.path.join if _is_local_fs(fs) else posixpath.join
+
+
+def create_staging_dir(out_fs, dataset_path: str, fingerprint: str) -> tuple[str, bool]:
+    """A fresh local staging directory: next to the dataset for local output (publishing is a rename)."""
+    if _is_local_fs(out_fs):
+        parent = os.path.dirname(dataset_path)
+        os.makedirs(parent, exist_ok=True)
+        for stale in os.listdir(parent):
+            if stale.startswith(f".staging-{fingerprint}-"):
+                shutil.rmtree(os.path.join(parent, stale), ignore_errors=True)
+        return tempfile.mkdtemp(prefix=f".staging-{fingerprint}-", dir=parent), True
+    return tempfile.mkdtemp(prefix=f"tfdag-staging-{fingerprint}-"), False
+
+
+def _shard_name(split: str, index: int, count: int, compression: str) -> str:
+    suffix = ".tfrecord.gz" if compression == "gzip" else ".tfrecord"
+    return f"{split}/part-{index:05d}-of-{count:05d}{suffix}"
+
+
+def publish(out_fs, dataset_path: str, dataset_uri: str, staged: list[StagedShard], schema: Schema,
+            source: SourceFingerprint, compression: str, num_bad_records: int,
+            record_layout: RecordLayout | None) -> Manifest:
+    """Shards under their final names, then schema.json, then manifest.json last; returns the manifest.
+
+    A shard set without a manifest is incomplete: one left by an earlier failed attempt is removed first.
+
+    Raises:
+        StorageUnavailable: when the output storage does not answer (a retry may succeed; the next attempt
+            removes the partial set).
+    """
+    try:
+        return _write_shard_set(out_fs, dataset_path, dataset_uri, staged, schema, source, compression,
+                                num_bad_records, record_layout)
+    except Exception as error:  # re-raised: only an outage gets a clearer type
+        raise_if_outage(error, dataset_uri, "publishing the shard set at")
+        raise
+
+
+def _write_shard_set(out_fs, dataset_path: str, dataset_uri: str, staged: list[StagedShard], schema: Schema,
+                     source: SourceFingerprint, compression: str, num_bad_records: int,
+                     record_layout: RecordLayout | None) -> Manifest:
+    local_out = _is_local_fs(out_fs)
+    join = _path_join(out_fs)
+    if out_fs.exists(dataset_path):
+        logger.info("convert | removing the incomplete shard set at %s (no manifest) before writing", dataset_uri)
+        out_fs.rm(dataset_path, recursive=True)
+    infos = []
+    for split in SPLITS:
+        split_shards = [s for s in staged if s.split == split]
+        for index, shard in enumerate(split_shards):
+            relative = _shard_name(split, index, len(split_shards), compression)
+            target = join(dataset_path, relative)
+            if local_out:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.replace(shard.local_path, target)
+            else:
+                out_fs.makedirs(posixpath.dirname(target), exist_ok=True)
+                out_fs.put_file(shard.local_path, target)
+            infos.append(ShardInfo(split=split, path=relative, num_records=shard.num_records,
+                                   num_bytes=shard.num_bytes, sha256=shard.sha256))
+    if local_out:  # the renames reach the disk before the manifest names them (the dataset directory itself is
+        # fsynced by write_bytes_atomic with schema.json, next), and so do the entries of the new dataset
+        # directory in data/ and of data/ in the output root
+        for split in SPLITS:
+            storage.fsync_dir(os.path.join(dataset_path, split))
+        data_dir = os.path.dirname(dataset_path)
+        storage.fsync_dir(data_dir)
+        storage.fsync_dir(os.path.dirname(data_dir))
+    storage.write_bytes_atomic(out_fs, join(dataset_path, SCHEMA_NAME), schema.model_dump_json(indent=2).encode())
+    manifest = Manifest(
+        fingerprint=source.sha256[:16],
+        dataset_uri=dataset_uri,
+        feature_schema=schema,
+        shards=tuple(infos),
+        source=source,
+        compression=compression,
+        num_bad_records=num_bad_records,
+        created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        record_layout=record_layout,
+    )
+    storage.write_bytes_atomic(out_fs, join(dataset_path, MANIFEST_NAME), manifest.to_json().encode())
+    return manifest
+
+
+def reusable_manifest(out_fs, dataset_path: str, dataset_uri: str, storage_options,
+                      source: SourceFingerprint) -> Manifest | None:
+    """The existing manifest when it matches the source and every shard is present with its size.
+
+    Raises:
+        StorageUnavailable: when the output storage does not answer.
+    """
+    try:
+        return _reusable_manifest(out_fs, dataset_path, dataset_uri, storage_options, source)
+    except Exception as error:  # re-raised: only an outage gets a clearer type
+        raise_if_outage(error, dataset_uri, "looking for a finished shard set at")
+        raise
+
+
+def _reusable_manifest(out_fs, dataset_path: str, dataset_uri: str, storage_options,
+                       source: SourceFingerprint) -> Manifest | None:
+    join = _path_join(out_fs)
+    with contextlib.suppress(FileNotFoundError):
+        if not out_fs.exists(join(dataset_path, MANIFEST_NAME)):
+            return None
+        manifest = load_manifest(dataset_uri, storage_options)
+        if manifest.source.sha256 != source.sha256:
+            logger.warning("convert | %s holds a manifest for another source; converting again", dataset_uri)
+            return None
+        sizes = {join(dataset_path, s.path): s.num_bytes for s in manifest.shards}
+        listing = out_fs.find(dataset_path, detail=True)
+        found = {_normal(p): int(info.get("size") or 0) for p, info in listing.items()}
+        broken = [p for p, size in sizes.items() if found.get(_normal(p)) != size]
+        if broken:
+            logger.warning("convert | %s: %d shard(s) are missing or changed size (e.g. %s); converting again",
+                           dataset_uri, len(broken), broken[0])
+            return None
+        return manifest
+    return None
+
+
+def _normal(path: str) -> str:
+    return path.split("://", 1)[-1].lstrip("/")
+

@@ -1,0 +1,98 @@
+"""What every source reader provides: the Reader protocol, the raw chunks it yields, and chunk-stream helpers."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from pipeline_lib.config import DataConfig
+from pipeline_lib.data.errors import ConversionError
+from pipeline_lib.data.sources import ListedFile
+
+MISSING = object()  # a key absent from a JSON object
+
+
+def is_missing(value: Any) -> bool:
+    """Whether a JSON value is absent: a key the object lacks, or null."""
+    return value is MISSING or value is None
+
+
+@dataclass
+class RawChunk:
+    """Up to read_chunk_rows rows of one file, before type conversion.
+
+    `columns` holds pyarrow arrays (CSV: all strings; Parquet: typed), Python lists (JSONL) or numpy arrays
+    (NPZ). `structural` lists rows the reader could not split into columns at all: (position, reason).
+    """
+
+    uri: str
+    unit: str  # "line" or "row"
+    columns: dict[str, Any]
+    num_rows: int
+    positions_fn: Callable[[], np.ndarray]
+    structural: list[tuple[int, str]] = field(default_factory=list)
+    _positions: np.ndarray | None = None
+
+    def position(self, row: int) -> int:
+        """The 1-based line (CSV, JSONL) or row (Parquet, NPZ) of a row of this chunk in its file."""
+        if self._positions is None:
+            self._positions = self.positions_fn()
+        return int(self._positions[row])
+
+
+class Reader(Protocol):
+    """One open source file of one format; `registry.READERS` maps each DataFormat to its implementation."""
+
+    def __init__(self, fs: Any, source: ListedFile, data: DataConfig) -> None:
+        """Open `source` on `fs`; raises ConversionError when the file is not of its format."""
+
+    def available_columns(self) -> list[str]:
+        """The column names the file offers (JSONL: the keys of its first object)."""
+
+    def chunks(self, needed: Sequence[str], chunk_rows: int) -> Iterator[RawChunk]:
+        """The `needed` columns in chunks of at most `chunk_rows` rows, in file order; closes the file at the end."""
+
+
+def check_columns(uri: str, available: Sequence[str], needed: Sequence[str]) -> None:
+    """Raise a ConversionError naming the `needed` columns that `uri` lacks."""
+    missing = [c for c in needed if c not in available]
+    if missing:
+        raise ConversionError(
+            f"{uri} has no column(s) {missing}; available columns: {list(available)}. Fix data.label, "
+            "data.features or data.split.key_columns, or make every source file carry these columns"
+        )
+
+
+def prepend(first: RawChunk, rest: Iterator[RawChunk]) -> Iterator[RawChunk]:
+    """`first`, then the chunks of `rest`; closing this closes `rest` (and its file)."""
+    try:
+        yield first
+        yield from rest
+    finally:
+        rest.close()
+
+
+def read_ahead(chunks: Iterator[RawChunk]) -> Iterator[RawChunk]:
+    """Read the next chunk on a helper thread while this one is encoded (Arrow and zlib release the GIL).
+
+    At most two chunks are in memory: the one being converted and the one being read.
+    """
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-read") as pool:
+        pending = pool.submit(next, chunks, None)
+        try:
+            while True:
+                chunk = pending.result()
+                if chunk is None:
+                    return
+                pending = pool.submit(next, chunks, None)
+                yield chunk
+        finally:
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                pending.result()
+            chunks.close()

@@ -1,0 +1,110 @@
+"""TFRecordFileWriter: framed records appended to one local file, gzip optional, counted and sha256-hashed."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+from concurrent.futures import Executor
+from typing import BinaryIO
+
+from pipeline_lib.core import native
+from pipeline_lib.data.direct_io import DirectFile
+from pipeline_lib.data.encoding import EncodedBatch
+
+# Writes at least this large are hashed on the `hasher` thread while the calling thread writes them, and (in
+# durable files) handed to the device right away.
+_LARGE_WRITE_BYTES = 1 << 20
+
+
+class _HashingWriter:
+    """A write-only file wrapper that counts and sha256-hashes what reaches the underlying file.
+
+    With a `hasher` executor, a large write is hashed there while this thread copies it to the file (hashlib
+    and file writes both release the GIL), and `write` returns once both are done: the digest stays in order.
+    """
+
+    def __init__(self, raw: BinaryIO, hasher: Executor | None = None, writeback: bool = False):
+        self._raw = raw
+        self._hasher = hasher
+        # Durable files: each large write is handed to the device at once, so the fsync at close waits for
+        # the last blocks only instead of the whole file (a hint; without the C extension it is skipped).
+        self._writeback = writeback and native.module is not None
+        self.sha256 = hashlib.sha256()
+        self.num_bytes = 0
+
+    def write(self, data) -> int:
+        size = memoryview(data).nbytes
+        if self._hasher is not None and size >= _LARGE_WRITE_BYTES:
+            hashed = self._hasher.submit(self.sha256.update, data)
+            try:
+                self._raw.write(data)
+            finally:
+                hashed.result()
+        else:
+            self._raw.write(data)
+            self.sha256.update(data)
+        if self._writeback and size >= _LARGE_WRITE_BYTES:
+            self._raw.flush()
+            native.module.start_writeback(self._raw.fileno(), self.num_bytes, size)
+        self.num_bytes += size
+        return size
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+
+class TFRecordFileWriter:
+    """Appends framed records (an `EncodedBatch` from `framing.encode_tfrecords`) to one local TFRecord file.
+
+    With `compression="gzip"` the file is one gzip stream (mtime 0, so reruns write identical bytes), which
+    `tf.data.TFRecordDataset(..., compression_type="GZIP")` reads. Tracks records, file bytes and sha256.
+    With `durable=True`, `close()` returns only once the bytes are on the storage device (fsync): a manifest
+    written after it can never name a shard that a crash left short. A durable file is written with O_DIRECT
+    (`DirectFile`) unless `direct=False`: conversion never reads a shard back, so caching its pages only costs
+    CPU (training's first epoch then reads from the device: 1.3 GB/s cold here, ten times what it consumes). With
+    a `hasher` executor, large writes are hashed on it beside the file write.
+    """
+
+    def __init__(self, path: str, compression: str = "none", durable: bool = False, hasher: Executor | None = None,
+                 direct: bool = True):
+        if compression not in ("none", "gzip"):
+            raise ValueError(f"compression {compression!r} is not supported; use 'none' or 'gzip'")
+        self.path = path
+        self.durable = durable
+        self._direct = durable and direct and hasattr(os, "O_DIRECT")
+        self._file: BinaryIO | DirectFile
+        if self._direct:
+            self._file = DirectFile(path)
+        else:
+            self._file = open(path, "wb")  # noqa: SIM115  (closed by close() or abort(); the writer outlives a with-block)
+        self._hashing = _HashingWriter(self._file, hasher, writeback=durable and not self._direct)
+        self._gzip = gzip.GzipFile(filename="", mode="wb", fileobj=self._hashing, mtime=0) if compression == "gzip" else None
+        self.num_records = 0
+        self.num_uncompressed_bytes = 0
+
+    def write(self, batch: EncodedBatch, start: int = 0, stop: int | None = None) -> None:
+        stop = len(batch) if stop is None else stop
+        if stop <= start:
+            return
+        view = batch.view(start, stop)
+        (self._gzip or self._hashing).write(view)
+        self.num_records += stop - start
+        self.num_uncompressed_bytes += view.nbytes
+
+    def close(self) -> tuple[int, int, str]:
+        """Close the file; returns (records, bytes on disk, sha256 hex of the file)."""
+        if self._gzip is not None:
+            self._gzip.close()
+        if self.durable and not self._direct:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        self._file.close()  # a DirectFile writes its last block and fsyncs here
+        return self.num_records, self._hashing.num_bytes, self._hashing.sha256.hexdigest()
+
+    def abort(self) -> None:
+        try:
+            if self._gzip is not None:
+                self._gzip.close()
+        finally:
+            (self._file.abort if self._direct else self._file.close)()

@@ -1,0 +1,72 @@
+"""The typed results of an evaluation: the report of one model on one split and the gate's verdict."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from pydantic import BaseModel, ConfigDict
+
+from pipeline_lib.core.errors import TfdagError
+
+
+class EvaluationError(TfdagError, RuntimeError):
+    """The model cannot be evaluated or gated; the message names the value, its source and the fix."""
+
+
+class GateResult(BaseModel):
+    """Whether an evaluation reaches `evaluation.gate.threshold` on `evaluation.gate.metric`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    metric: str
+    value: float | None
+    threshold: float | None
+    direction: str  # "max" or "min"
+    passed: bool
+    reason: str
+
+
+class EvalReport(BaseModel):
+    """Metrics of one model on one split."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    task: str  # Task value
+    split: str = "eval"
+    metrics: dict[str, float]
+    confusion_matrix: list[list[int]] | None = None  # rows: true class, columns: predicted class
+    class_names: list[str] | None = None
+    num_examples: int
+    model_path: str | None = None
+    gate: GateResult | None = None
+
+    @property
+    def gate_passed(self) -> bool | None:
+        """The gate's verdict, or None when no gate was applied."""
+        return None if self.gate is None else self.gate.passed
+
+    def to_json(self) -> str:
+        """The report as indented JSON (NaN metrics become null)."""
+        payload = self.model_dump(mode="json")
+        payload["metrics"] = {k: (None if math.isnan(v) else v) for k, v in self.metrics.items()}
+        return json.dumps(payload, indent=2, sort_keys=True)
+
+    def to_markdown(self) -> str:
+        """A metrics table, the gate's verdict and the confusion matrix, as Markdown."""
+        lines = [f"# Evaluation on the {self.split} split", "",
+                 f"{self.num_examples} examples, task {self.task}"
+                 + (f", model `{self.model_path}`" if self.model_path else ""), "",
+                 "| metric | value |", "|---|---|"]
+        lines += [f"| {name} | {value:.4f} |" for name, value in self.metrics.items()]
+        if self.gate is not None:
+            verdict = "passed" if self.gate.passed else "FAILED"
+            lines += ["", f"**Gate {verdict}:** {self.gate.reason}"]
+        if self.confusion_matrix is not None:
+            names = self.class_names or [str(i) for i in range(len(self.confusion_matrix))]
+            lines += ["", "## Confusion matrix (rows: true, columns: predicted)", "",
+                      "| true \\ predicted | " + " | ".join(names) + " |",
+                      "|---|" + "---|" * len(names)]
+            lines += [f"| **{names[i]}** | " + " | ".join(str(c) for c in row) + " |"
+                      for i, row in enumerate(self.confusion_matrix)]
+        return "\n".join(lines) + "\n"

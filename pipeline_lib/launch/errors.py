@@ -1,0 +1,31 @@
+"""Why a launched training did not finish: the errors the local launcher raises."""
+
+from __future__ import annotations
+
+from pipeline_lib.core.errors import TfdagError
+
+
+class LaunchError(TfdagError, RuntimeError):
+    """The launched training did not finish."""
+
+
+class WorkerFailed(LaunchError):
+    """A task failed permanently (a Python exception): no restart. Names the task and its traceback tail."""
+
+    def __init__(self, message: str, task: str, exit_code: int, tail: str):
+        super().__init__(message)
+        self.task = task
+        self.exit_code = exit_code
+        self.tail = tail
+
+
+class RestartsExhausted(LaunchError):
+    """Retryable failures went on after train.max_restarts restarts; `cause` is the last one."""
+
+    def __init__(self, message: str, cause: str):
+        super().__init__(message)
+        self.cause = cause
+
+
+class LaunchTimeout(LaunchError):
+    """train.timeout_s passed before training finished."""

@@ -1,0 +1,54 @@
+"""Heartbeat files: each training process writes its step as it trains, the supervisor's watchdog reads them."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from pipeline_lib.cluster.info import ClusterInfo
+
+HEARTBEAT_INTERVAL_S = 0.5
+
+
+def heartbeat_name(cluster: ClusterInfo) -> str:
+    """The heartbeat file name of a task: `worker-1.json`, `chief-0.json`."""
+    return f"{cluster.task_type}-{cluster.task_index}.json"
+
+
+class Heartbeat:
+    """Writes `<heartbeat_dir>/<task>.json` with step, time and examples, at most every `interval_s`.
+
+    Written atomically (temp file + rename) so the supervisor never reads half a file.
+    """
+
+    def __init__(self, heartbeat_dir: str, cluster: ClusterInfo, interval_s: float = HEARTBEAT_INTERVAL_S):
+        os.makedirs(heartbeat_dir, exist_ok=True)
+        self.path = os.path.join(heartbeat_dir, heartbeat_name(cluster))
+        self.task = cluster.name
+        self.interval_s = interval_s
+        self.examples = 0
+        self._last_write = float("-inf")
+
+    def beat(self, step: int, examples: int, *, force: bool = False) -> None:
+        self.examples += examples
+        now = time.monotonic()
+        if not force and now - self._last_write < self.interval_s:
+            return
+        self._last_write = now
+        payload = json.dumps({"task": self.task, "pid": os.getpid(), "step": int(step), "time": time.time(),
+                              "examples": int(self.examples)})
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as handle:
+            handle.write(payload)
+        os.replace(tmp, self.path)
+
+
+def read_heartbeat(path: str) -> dict[str, Any] | None:
+    """One heartbeat file's content, or None when it is missing or unreadable."""
+    try:
+        with open(path) as handle:
+            return json.loads(handle.read())
+    except (OSError, ValueError):
+        return None

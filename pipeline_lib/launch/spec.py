@@ -1,0 +1,45 @@
+"""What a launcher hands a worker process: the WorkerSpec, its environment variables, its exit and result contract."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from pipeline_lib.config import PipelineConfig, parse_config
+from pipeline_lib.core import storage
+from pipeline_lib.planning.sharding import ShardPlan
+
+# 138 = 128 + SIGUSR1: the exit code Kubeflow's TFJob `restartPolicy: ExitCode` reserves for user-defined
+# retryable errors (kubeflow/training-operator train_util.IsRetryableExitCode), so a TFJob restarts a
+# preempted pod just as our launcher does. 1 (exception) and 2 (usage) stay permanent.
+PREEMPTION_EXIT_CODE = 138
+# The chief writes its TrainResult here, in the run dir, before it exits 0.
+RESULT_NAME = "result.json"
+# The launcher's pid: a worker asks Linux to kill it when that process dies.
+PARENT_PID_ENV = "TFDAG_PARENT_PID"
+# Test-only: the faults pipeline_lib.testing.faults injects; production code loads test support only when set.
+FAULT_ENV = "TFDAG_FAULT"
+
+
+class WorkerSpec(BaseModel):
+    """Everything a worker needs besides TF_CONFIG; written by the launcher (or a pod's init) as JSON."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    config: dict[str, Any]  # PipelineConfig.model_dump(mode="json")
+    dataset_uri: str  # the manifest's dataset_uri
+    plan: ShardPlan
+    run_dir: str
+    mlflow_run_id: str | None = None
+    heartbeat_dir: str  # a local directory the supervisor watches
+
+    def pipeline_config(self) -> PipelineConfig:
+        return parse_config(self.config, source="the worker spec's config")
+
+
+def load_spec(spec_uri: str) -> WorkerSpec:
+    """Read a WorkerSpec JSON from a path or fsspec URI."""
+    fs, path = storage.get_fs(spec_uri)
+    with fs.open(path, "rb") as handle:
+        return WorkerSpec.model_validate_json(handle.read())

@@ -1,0 +1,61 @@
+"""The MLflow metrics sink and the one factory that picks a run's sink."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from pipeline_lib.tracking.client import create_client
+from pipeline_lib.training.hooks import MetricsSink, NullSink
+
+logger = logging.getLogger(__name__)
+
+# MLflow's own limit (mlflow.utils.validation), and what a sink keeps while the store is away.
+_MAX_METRICS_PER_BATCH = 1000
+_MAX_BUFFERED_METRICS = 100_000
+
+
+class MlflowSink:
+    """A MetricsSink that buffers metrics and sends them to one MLflow run with batched `log_batch` calls."""
+
+    def __init__(self, run_id: str, tracking_uri: str, flush_every: int = 50):
+        if flush_every < 1:
+            raise ValueError(f"flush_every ({flush_every}) must be ≥ 1")
+        self.run_id = run_id
+        self.tracking_uri = tracking_uri
+        self.flush_every = flush_every
+        self._client = create_client(tracking_uri)
+        self._pending: list[Any] = []
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        timestamp = int(time.time() * 1000)
+        for name, value in metrics.items():
+            self._pending.append(Metric(key=name, value=float(value), timestamp=timestamp, step=int(step)))
+        if len(self._pending) >= self.flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send every buffered value; on a store error keep them for the next flush, so training goes on."""
+        while self._pending:
+            chunk = self._pending[:_MAX_METRICS_PER_BATCH]
+            try:
+                self._client.log_batch(self.run_id, metrics=chunk, synchronous=True)
+            except Exception as error:  # noqa: BLE001 - a locked sqlite file or a server blip must not stop training
+                dropped = max(0, len(self._pending) - _MAX_BUFFERED_METRICS)
+                self._pending = self._pending[dropped:]
+                logger.warning("MLflow run %s: %d metric value(s) not logged yet (%s); retrying at the next flush%s",
+                               self.run_id, len(self._pending), error,
+                               f", {dropped} oldest dropped" if dropped else "")
+                return
+            self._pending = self._pending[len(chunk):]
+
+
+def create_sink(run_id: str | None, tracking_uri: str, *, is_chief: bool = True,
+                flush_every: int = 50) -> MetricsSink:
+    """An MlflowSink on the chief of a tracked run; a NullSink without a run id (tracking disabled) or off the chief."""
+    if not run_id or not is_chief:
+        return NullSink()
+    return MlflowSink(run_id, tracking_uri, flush_every)

@@ -1,0 +1,104 @@
+"""The outer loop's work between executions: step hooks, progress logs, checkpoints and stop requests."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+
+from pipeline_lib.checkpoints import layout
+from pipeline_lib.checkpoints.records import CheckpointRecord
+from pipeline_lib.config import TrainConfig
+from pipeline_lib.training.errors import TrainingInterrupted
+from pipeline_lib.training.hooks import TrainHooks
+from pipeline_lib.training.progress import ProgressLogger, current_learning_rate
+from pipeline_lib.training.setup import TrainingState
+
+logger = logging.getLogger(__name__)
+
+
+class LoopController:
+    """What both training loops do between executions.
+
+    `steps_to_next` bounds each run of steps by the next log step, the next checkpoint step and the end;
+    `after_execution` calls the step hooks, logs, checkpoints and honours a stop request; `finish` saves the
+    last step. A checkpoint is evaluated (chief) after `store.save` writes it and then published; `before_save`
+    runs first (the parameter-server coordinator's join, so the saved variables hold every scheduled step).
+    """
+
+    def __init__(self, train_config: TrainConfig, total_steps: int, global_batch: int, state: TrainingState,
+                 hooks: TrainHooks, progress: ProgressLogger, evaluate: Callable[[], dict[str, float]] | None,
+                 before_save: Callable[[], None] | None = None):
+        self.config, self.total_steps, self.global_batch = train_config, total_steps, global_batch
+        self.state, self.hooks, self.progress = state, hooks, progress
+        self.evaluate, self.before_save = evaluate, before_save
+        self.step, self.last_loss = state.start_step, float("nan")
+        self._last_saved = state.start_step if state.start_step else -1
+
+    def steps_to_next(self, limit: int) -> int:
+        """Steps to run next: at most `limit`, and none past the next log or checkpoint step or the end."""
+        log_every, save_every = self.config.log_every_steps, self.config.checkpoint_every_steps
+        return min(limit, self.total_steps - self.step, log_every - self.step % log_every,
+                   save_every - self.step % save_every)
+
+    def after_execution(self, losses: Sequence[float], stop_requested: Callable[[], bool]) -> None:
+        """Account for `losses`, one per step just run; raises TrainingInterrupted on a stop request."""
+        for offset, loss in enumerate(losses):
+            self.hooks.on_step_end(self.step + offset + 1, self.global_batch, float(loss))
+        self.step += len(losses)
+        self.last_loss = float(losses[-1])
+        if not math.isfinite(self.last_loss):
+            logger.warning("loss is %s at step %d", self.last_loss, self.step)
+        step = self.step
+        if step % self.config.log_every_steps == 0 or step == self.total_steps:
+            self.progress.log(step, self.last_loss, current_learning_rate(self.state.optimizer))
+            self._upload_tensorboard(flush=True)
+        if step % self.config.checkpoint_every_steps == 0 or step == self.total_steps:
+            self._save_checkpoint(step)
+        if step < self.total_steps and stop_requested():
+            record = self._save_checkpoint(step) if self._last_saved != step else None
+            raise TrainingInterrupted(step, record.path if record is not None else
+                                      layout.prefix_for(self.state.run_storage.local_checkpoint_dir, step))
+
+    def finish(self) -> None:
+        """Save the last step unless it is saved already."""
+        if self._last_saved != self.step:
+            self._save_checkpoint(self.step)
+
+    def close(self) -> None:
+        """Close the progress writers and upload the last TensorBoard files (a remote run's chief)."""
+        self.progress.close()
+        self._upload_tensorboard(flush=False)
+
+    def _save_checkpoint(self, at_step: int) -> CheckpointRecord | None:
+        if self.before_save is not None:
+            self.before_save()
+        self.state.step_var.assign(at_step)
+
+        def measure() -> dict[str, float]:
+            metrics = self.evaluate() if self.evaluate is not None else {}
+            self.progress.log_eval(at_step, metrics)
+            return metrics
+
+        record = self.state.store.save(at_step, metrics_fn=measure)
+        self._publish_to_run_dir(record)
+        self._last_saved = at_step
+        return record
+
+    def _publish_to_run_dir(self, record: CheckpointRecord | None) -> None:
+        """Chief of a remote run: upload the checkpoint just saved (manifest last), then its TensorBoard logs."""
+        run_storage = self.state.run_storage
+        if record is None or not run_storage.is_remote:
+            return
+        self.progress.flush_summaries()
+        store = self.state.store
+        run_storage.publish_checkpoint(record, keep=self.config.keep_checkpoints, best_metric=store.best_metric,
+                                       best_direction=store.best_direction)
+
+    def _upload_tensorboard(self, *, flush: bool) -> None:
+        """Chief of a remote run: upload the TensorBoard files that changed (after flushing the writer)."""
+        if self.state.run_storage.tensorboard_sync is None:
+            return
+        if flush:
+            self.progress.flush_summaries()
+        self.state.run_storage.sync_tensorboard()

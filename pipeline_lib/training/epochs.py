@@ -1,0 +1,117 @@
+"""The loop's training input: each epoch's batches for one input pipeline, reshuffled by a fixed seed per epoch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from pipeline_lib.config import TrainConfig
+from pipeline_lib.data.manifest import Manifest
+from pipeline_lib.planning.sharding import AutoShardPolicy, ShardPlan
+from pipeline_lib.training import input_pipeline
+from pipeline_lib.training.errors import TrainingError
+
+DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
+
+
+def epoch_seed(seed: int, epoch: int | tf.Tensor) -> int | tf.Tensor:
+    """The shuffle seed of an epoch: a fixed function of (seed, epoch), so a resumed run reshuffles alike.
+
+    `epoch` is an int or, inside the training input pipeline, an int64 tensor: the same value either way. The
+    seed's part is reduced in Python first, so a seed of any size never overflows the tensor's int64.
+    """
+    modulus = 2**31 - 1
+    return ((seed * 1_000_003 + 1) % modulus + epoch * 7_919) % modulus
+
+
+def epochs_dataset(manifest: Manifest, train_config: TrainConfig, batch: int, files: tuple[str, ...] | None,
+                   shard: tuple[int, int] | None, is_classification: bool, batches_per_epoch: int,
+                   start_epoch: int, first_skip: int, num_epochs: int) -> tf.data.Dataset:
+    """One input pipeline's batches for epochs start_epoch..num_epochs-1 in one dataset, built and traced once.
+
+    Epoch e is `create_dataset` shuffled with `epoch_seed(seed, e)` and cut to `batches_per_epoch`, so a resumed
+    run sees the batches an uninterrupted one saw; the first epoch skips the `first_skip` already trained.
+    Rebuilding the pipeline for each epoch instead cost about 0.2 s of Python and tracing per epoch, more than
+    a small epoch's whole input.
+    """
+
+    def epoch_dataset(epoch: tf.Tensor) -> tf.data.Dataset:
+        _seedable_in_trace()
+        skip = tf.where(epoch == start_epoch, tf.constant(first_skip, tf.int64), tf.constant(0, tf.int64))
+        dataset = input_pipeline.create_dataset(
+            manifest, "train", batch, files=files, shard=shard, shuffle=train_config.shuffle,
+            seed=epoch_seed(train_config.seed, epoch), shuffle_buffer=train_config.shuffle_buffer,
+            drop_remainder=True, skip_batches=skip, is_classification=is_classification)
+        # Exactly the plan's steps per epoch on every worker: an extra batch on one would hang the all-reduce.
+        return dataset.take(batches_per_epoch - skip)
+
+    epochs = tf.data.Dataset.range(start_epoch, num_epochs).flat_map(epoch_dataset)
+    return epochs.prefetch(tf.data.AUTOTUNE)  # the next epoch's first batches are ready at its boundary
+
+
+def _seedable_in_trace() -> None:
+    """Let a shuffle seeded by a tensor be built in the function being traced, whatever the global seed.
+
+    tf.data derives an op's seeds with `random_seed.get_seed`, which tests `(graph seed, op seed) == (0, 0)`: with
+    a graph seed of 0 (`train.seed: 0` sets the global seed to 0) that asks a traced tensor for its truth value,
+    which graph mode refuses. A traced function's graph seed is its own copy of the global seed; setting that
+    copy to 1 instead of 0 only changes which fixed shuffle stream a seed-0 run gets (every epoch is built here,
+    so a resumed run gets the same one). Other seeds are left alone.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    if graph.seed is not None and graph.seed % (2**31 - 1) == 0:
+        graph.seed = 1
+
+
+def _pipeline_data(plan: ShardPlan, pipeline_id: int, num_pipelines: int) -> tuple[tuple[str, ...] | None,
+                                                                                    tuple[int, int] | None]:
+    """The files and record shard one input pipeline reads under the plan's policy."""
+    if plan.policy == AutoShardPolicy.FILE:
+        return plan.files_for(pipeline_id), None
+    # DATA: every pipeline reads every file and keeps every num_pipelines-th record, so that global batch k
+    # is records [k·B, (k+1)·B) whatever the split of B into workers and replicas.
+    return None, (num_pipelines, pipeline_id) if num_pipelines > 1 else None
+
+
+def create_synchronous_dataset_fn(manifest: Manifest, plan: ShardPlan, train_config: TrainConfig, num_replicas: int,
+                                  global_batch: int, start_step: int, is_classification: bool) -> DatasetFn:
+    """The `dataset_fn` of a synchronous strategy: the plan's share of every epoch, resumed at `start_step`.
+
+    Raises (when called):
+        TrainingError: when an input pipeline's files hold fewer batches than the plan's steps need.
+    """
+    steps_per_epoch = plan.steps_per_epoch
+    num_epochs = -(-plan.total_steps // steps_per_epoch)
+    start_epoch, start_position = divmod(start_step, steps_per_epoch)
+
+    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        batch = input_context.get_per_replica_batch_size(global_batch)
+        num_pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
+        replicas_per_pipeline = max(1, num_replicas // num_pipelines)
+        files, shard = _pipeline_data(plan, pipeline_id, num_pipelines)
+        needed = steps_per_epoch * replicas_per_pipeline
+        available = input_pipeline.num_shard_records(manifest, "train", files, shard) // batch
+        if available < needed:
+            raise TrainingError(
+                f"input pipeline {pipeline_id} of {num_pipelines} holds {available} batches of {batch} per epoch "
+                f"but the shard plan needs {needed} ({steps_per_epoch} steps × {replicas_per_pipeline} replicas); "
+                "re-plan the shards for this cluster"
+            )
+        return epochs_dataset(manifest, train_config, batch, files, shard, is_classification, needed,
+                              start_epoch, start_position * replicas_per_pipeline, num_epochs)
+
+    return dataset_fn
+
+
+def create_parameter_server_dataset_fn(manifest: Manifest, train_config: TrainConfig, global_batch: int,
+                                       is_classification: bool) -> DatasetFn:
+    """The `dataset_fn` of parameter_server: workers train asynchronously on their own shuffles of the whole split."""
+
+    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        batch = input_context.get_per_replica_batch_size(global_batch)
+        return input_pipeline.create_dataset(
+            manifest, "train", batch, shuffle=True, seed=None, shuffle_buffer=train_config.shuffle_buffer,
+            repeat=True, drop_remainder=True, is_classification=is_classification)
+
+    return dataset_fn

@@ -1,0 +1,147 @@
+"""What both training loops start from: seeding, the global batch, and the model state restored from a checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import keras
+import tensorflow as tf
+
+from pipeline_lib.checkpoints import selection
+from pipeline_lib.checkpoints.run_storage import RunStorage
+from pipeline_lib.checkpoints.store import CheckpointStore
+from pipeline_lib.cluster.info import ClusterInfo
+from pipeline_lib.config import PipelineConfig, TrainConfig
+from pipeline_lib.data.manifest import Manifest
+from pipeline_lib.planning.sharding import ShardPlan
+from pipeline_lib.training import models
+from pipeline_lib.training import strategy as strategies
+from pipeline_lib.training.errors import TrainingError
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+TENSORBOARD_DIR = "tensorboard"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingState:
+    """The variables a run trains and checkpoints, where they are stored, and the step they were restored at."""
+
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer
+    step_var: tf.Variable
+    checkpoint: tf.train.Checkpoint
+    store: CheckpointStore
+    run_storage: RunStorage
+    start_step: int  # 0 for a fresh run
+
+
+def seed_everything(train_config: TrainConfig) -> None:
+    """Seed Python, NumPy and TensorFlow from train.seed; with train.deterministic, also make ops deterministic."""
+    if train_config.deterministic:
+        keras.utils.set_random_seed(train_config.seed)
+        tf.config.experimental.enable_op_determinism()
+    elif train_config.seed is not None:
+        keras.utils.set_random_seed(train_config.seed)
+
+
+def synchronous_global_batch(plan: ShardPlan, choice: strategies.StrategyChoice, config: PipelineConfig) -> int:
+    """The global batch of a synchronous strategy, after checking that the shard plan was made for it.
+
+    Raises:
+        TrainingError: when the plan's global batch is not the strategy's, or the plan has no step.
+    """
+    global_batch = plan.per_replica_batch_size * choice.num_replicas
+    if plan.global_batch_size != global_batch:
+        raise TrainingError(
+            f"the shard plan's global_batch_size ({plan.global_batch_size}) is not per_replica_batch_size "
+            f"({plan.per_replica_batch_size}) × the {choice.num_replicas} replica(s) of strategy "
+            f"{choice.kind.value}; re-plan the shards for {choice.num_workers} worker(s) × "
+            f"{choice.replicas_per_worker} replica(s)"
+        )
+    if plan.total_steps < 1 or plan.steps_per_epoch < 1:
+        raise TrainingError(
+            f"the shard plan has total_steps {plan.total_steps}, steps_per_epoch {plan.steps_per_epoch}; the train "
+            f"split is smaller than one global batch of {global_batch}: lower train.per_replica_batch_size"
+        )
+    if plan.per_replica_batch_size != config.train.per_replica_batch_size:
+        logger.warning("shard plan per_replica_batch_size %d differs from train.per_replica_batch_size %d; "
+                       "using the plan's", plan.per_replica_batch_size, config.train.per_replica_batch_size)
+    return global_batch
+
+
+def create_training_state(config: PipelineConfig, manifest: Manifest, plan: ShardPlan, run_dir: str,
+                          cluster: ClusterInfo, choice: strategies.StrategyChoice) -> TrainingState:
+    """Build the model, optimizer and step under the strategy, and restore them from the run's newest checkpoint.
+
+    Raises:
+        TrainingError: when the restored checkpoint is past the plan's total_steps.
+    """
+    run_storage = RunStorage(run_dir, cluster, config.storage_options, checkpoint_subdir=CHECKPOINT_DIR,
+                             tensorboard_subdir=TENSORBOARD_DIR)
+    model, optimizer, step_var, checkpoint = _create_variables(config, manifest, choice)
+    best_metric, best_direction = selection.selection_metric(config)
+    store = CheckpointStore(run_storage.local_checkpoint_dir, checkpoint, cluster=cluster,
+                            keep=config.train.keep_checkpoints, best_metric=best_metric, best_direction=best_direction)
+    start_step = _restore(store, checkpoint, model, choice, config, run_storage)
+    if start_step > plan.total_steps:
+        raise TrainingError(f"the checkpoint in {run_storage.local_checkpoint_dir} is at step {start_step}, past the "
+                            f"plan's total_steps ({plan.total_steps}); use a fresh run_dir or raise train.steps")
+    if start_step:
+        logger.info("resuming at step %d of %d", start_step, plan.total_steps)
+    return TrainingState(model=model, optimizer=optimizer, step_var=step_var, checkpoint=checkpoint, store=store,
+                         run_storage=run_storage, start_step=start_step)
+
+
+def _create_optimizer(config: PipelineConfig, learning_rate, mixed_precision: bool) -> keras.optimizers.Optimizer:
+    if config.train.optimizer == "sgd":
+        optimizer = keras.optimizers.SGD(learning_rate=learning_rate)
+    else:
+        optimizer = keras.optimizers.Adam(learning_rate=learning_rate)
+    if mixed_precision:
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
+def _build_model(config: PipelineConfig, manifest: Manifest) -> keras.Model:
+    if not config.train.mixed_precision:
+        return models.create_model(config.model, manifest.feature_schema)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        return models.create_model(config.model, manifest.feature_schema)
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def _create_variables(config: PipelineConfig, manifest: Manifest, choice: strategies.StrategyChoice):
+    with choice.strategy.scope():
+        model = _build_model(config, manifest)
+        learning_rate = strategies.create_learning_rate(config.train, choice.num_replicas)
+        optimizer = _create_optimizer(config, learning_rate, config.train.mixed_precision)
+        # Built now, not on the first apply, so a restore finds every slot variable to fill.
+        optimizer.build(model.trainable_variables)
+        step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step",
+                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        # Keras does not checkpoint the dropout seed-generator states with the model; an exact resume
+        # needs them, so they ride along under their own key (model-only restores ignore it).
+        rng_states = [v.value for v in model.variables if v.path.endswith("seed_generator_state")]
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step, rng=rng_states)
+    return model, optimizer, step, checkpoint
+
+
+def _restore(store: CheckpointStore, checkpoint: tf.train.Checkpoint, model: keras.Model,
+             choice: strategies.StrategyChoice, config: PipelineConfig, run_storage: RunStorage) -> int:
+    # A remote run resumes from what the chief published, the same on every worker.
+    run_storage.prepare_restore()
+    # Checkpoint restoring should be inside scope (b/139450638).
+    with choice.strategy.scope():
+        record = store.restore_latest()
+        if record is not None:
+            return int(checkpoint.step.numpy())
+        if config.train.warm_start_uri:
+            tf.train.Checkpoint(model=model).read(config.train.warm_start_uri).assert_existing_objects_matched()
+            logger.info("warm start: model weights from %s", config.train.warm_start_uri)
+    return 0

@@ -1,0 +1,69 @@
+"""The retrain flow's thin Prefect tasks: source fingerprint, champion, warm start, champion score, verdict."""
+
+from __future__ import annotations
+
+import tempfile
+
+from prefect import get_run_logger, task
+
+from pipeline_lib.config import PipelineConfig
+from pipeline_lib.core import storage
+from pipeline_lib.data.manifest import SourceFingerprint, load_manifest
+from pipeline_lib.data.sources import dataset_uri_for, source_fingerprint
+from pipeline_lib.evaluation import metrics as evaluation
+from pipeline_lib.evaluation.report import EvalReport
+from pipeline_lib.tracking import registry
+from tasks.retry import RETRY_DELAY_SECONDS, retry_if_transient
+
+
+@task(name="fingerprint_source", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
+      retry_condition_fn=retry_if_transient)
+def fingerprint_source(config: PipelineConfig) -> SourceFingerprint:
+    """A listing (paths, sizes, mtimes or etags) and the conversion settings; an object store listing can fail
+    transiently: retried."""
+    fingerprint = source_fingerprint(config.data)
+    get_run_logger().info("source %s: %d file(s), %d bytes, fingerprint %s", config.data.source,
+                          len(fingerprint.files), sum(f.size for f in fingerprint.files), fingerprint.sha256[:12])
+    return fingerprint
+
+
+@task(name="find_champion", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
+      retry_condition_fn=retry_if_transient)
+def find_champion(config: PipelineConfig) -> tuple[registry.VersionInfo | None, registry.VersionInfo | None]:
+    name = config.tracking.registered_model
+    assert name is not None
+    return registry.get_champion(config.mlflow_uri, name), registry.latest_version(config.mlflow_uri, name)
+
+
+@task(name="prepare_warm_start", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
+      retry_condition_fn=retry_if_transient)
+def prepare_warm_start(config: PipelineConfig, champion: registry.VersionInfo) -> str:
+    target = storage.join(config.output_root, "warm_start", f"{champion.name}-v{champion.version}")
+    with tempfile.TemporaryDirectory(prefix="tfdag-champion-") as tmp:
+        keras_path = registry.download_keras_model(config.mlflow_uri, champion.name, champion.version, tmp)
+        prefix = registry.write_warm_start_checkpoint(keras_path, target, config.storage_options)
+    get_run_logger().info("warm start from %s version %d: %s", champion.name, champion.version, prefix)
+    return prefix
+
+
+@task(name="evaluate_champion", retries=1, retry_delay_seconds=RETRY_DELAY_SECONDS,
+      retry_condition_fn=retry_if_transient)
+def evaluate_champion(config: PipelineConfig, data_fingerprint: str, champion: registry.VersionInfo) -> EvalReport:
+    """The champion on the challenger's eval split: the same manifest, the same evaluation function."""
+    manifest = load_manifest(dataset_uri_for(config.output_root, data_fingerprint), config.storage_options)
+    with tempfile.TemporaryDirectory(prefix="tfdag-champion-") as tmp:
+        keras_path = registry.download_keras_model(config.mlflow_uri, champion.name, champion.version, tmp)
+        report = evaluation.evaluate(config, manifest, keras_path)
+    get_run_logger().info("champion %s v%d on the new eval split: %s", champion.name, champion.version,
+                          ", ".join(f"{k}={v:.4f}" for k, v in report.metrics.items()))
+    return report
+
+
+@task(name="record_decision", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
+      retry_condition_fn=retry_if_transient)
+def record_decision(config: PipelineConfig, challenger_version: int, decision: registry.Decision,
+                    fingerprint: SourceFingerprint, config_hash: str) -> registry.VersionInfo:
+    name = config.tracking.registered_model
+    assert name is not None
+    return registry.record_decision(config.mlflow_uri, name, challenger_version, decision,
+                                    fingerprint=fingerprint, config_hash=config_hash)

@@ -1,0 +1,30 @@
+"""Heartbeat files: throttled atomic writes by a training process, tolerant reads by the watchdog."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from pipeline_lib.cluster.info import ClusterInfo
+from pipeline_lib.launch.heartbeat import Heartbeat, heartbeat_name, read_heartbeat
+
+
+def test_heartbeat_writes_at_most_every_interval(tmp_path):
+    cluster = ClusterInfo(task_type="worker", task_index=1, cluster={"worker": ("a:1", "b:2")})
+    beat = Heartbeat(str(tmp_path), cluster, interval_s=3600)
+    beat.beat(1, 32, force=True)
+    beat.beat(2, 32)  # inside the interval: not written
+    content = json.loads((tmp_path / "worker-1.json").read_text())
+    assert content["step"] == 1 and content["task"] == "worker 1" and content["pid"] == os.getpid()
+    beat.beat(3, 32, force=True)
+    content = read_heartbeat(str(tmp_path / "worker-1.json"))
+    assert content["step"] == 3 and content["examples"] == 96
+    assert read_heartbeat(str(tmp_path / "missing.json")) is None
+
+
+
+
+def test_heartbeat_names_follow_the_task():
+    cluster = {"chief": ("h:1",), "worker": ("h:2",), "ps": ("h:3",)}
+    assert heartbeat_name(ClusterInfo(task_type="chief", task_index=0, cluster=cluster)) == "chief-0.json"
+    assert heartbeat_name(ClusterInfo()) == "worker-0.json"

@@ -1,0 +1,91 @@
+"""Tests for pipeline_lib.training.controller: executions bounded by log and checkpoint steps, stop requests."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from pipeline_lib.checkpoints.records import CheckpointRecord
+from pipeline_lib.config import Direction, TrainConfig
+from pipeline_lib.training.controller import LoopController
+from pipeline_lib.training.errors import TrainingInterrupted
+from pipeline_lib.training.hooks import TrainHooks
+
+
+class _Store:
+    best_metric, best_direction = "eval_accuracy", Direction.MAX
+
+    def __init__(self):
+        self.saved = []
+
+    def save(self, step, metrics_fn=None):
+        metrics = metrics_fn() if metrics_fn is not None else {}
+        self.saved.append(step)
+        return CheckpointRecord(step=step, path=f"/run/checkpoints/ckpt-{step}", metrics=metrics)
+
+
+class _Progress:
+    def __init__(self):
+        self.logged, self.evals = [], []
+
+    def log(self, step, loss, learning_rate):
+        self.logged.append(step)
+
+    def log_eval(self, step, metrics):
+        self.evals.append((step, metrics))
+
+    def flush_summaries(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class _Hooks(TrainHooks):
+    def __init__(self):
+        self.steps = []
+
+    def on_step_end(self, step, examples, loss):
+        self.steps.append((step, examples))
+
+
+def _controller(start_step=0, total_steps=25):
+    state = types.SimpleNamespace(
+        start_step=start_step, optimizer=types.SimpleNamespace(learning_rate=0.1), store=_Store(),
+        step_var=types.SimpleNamespace(assign=lambda value: None),
+        run_storage=types.SimpleNamespace(is_remote=False, tensorboard_sync=None, local_checkpoint_dir="/run/ckpt"))
+    config = TrainConfig(log_every_steps=4, checkpoint_every_steps=10)
+    hooks, progress = _Hooks(), _Progress()
+    controller = LoopController(config, total_steps, 64, state, hooks, progress, lambda: {"eval_accuracy": 0.5})
+    return controller, state, hooks, progress
+
+
+def test_executions_stop_at_log_checkpoint_and_end_steps():
+    controller, state, hooks, progress = _controller()
+    ran = []
+    while controller.step < controller.total_steps:
+        count = controller.steps_to_next(100)
+        ran.append(count)
+        controller.after_execution([0.5] * count, lambda: False)
+    controller.finish()
+    assert ran == [4, 4, 2, 2, 4, 4, 4, 1]
+    assert progress.logged == [4, 8, 12, 16, 20, 24, 25]
+    assert state.store.saved == [10, 20, 25]
+    assert progress.evals[0] == (10, {"eval_accuracy": 0.5})
+    assert hooks.steps == [(s, 64) for s in range(1, 26)]
+
+
+def test_a_stop_request_saves_the_step_then_interrupts():
+    controller, state, _, _ = _controller()
+    controller.after_execution([0.5] * 3, lambda: False)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        controller.after_execution([0.5] * 2, lambda: True)
+    assert stopped.value.step == 5 and stopped.value.checkpoint_path == "/run/checkpoints/ckpt-5"
+    assert state.store.saved == [5]
+
+
+def test_a_resumed_run_does_not_save_its_start_step_again():
+    controller, state, _, _ = _controller(start_step=25)
+    controller.finish()
+    assert state.store.saved == []
