@@ -99,11 +99,17 @@ def metric_direction(metric: str, declared: Direction = Direction.MAX) -> Direct
     return Direction.MIN if name in LOWER_IS_BETTER_METRICS else Direction(declared)
 
 
-def is_better(candidate: float, incumbent: float, direction: Direction, margin: float = 0.0) -> bool:
-    """Whether `candidate` beats `incumbent` by more than `margin` in `direction` (strictly when margin is 0)."""
-    if direction == Direction.MAX:
-        return candidate - incumbent > margin if margin == 0 else candidate - incumbent >= margin
-    return incumbent - candidate > margin if margin == 0 else incumbent - candidate >= margin
+
+def strategy_for_cluster(strategy: Strategy, *, has_ps: bool, num_workers: int) -> Strategy:
+    """`auto` resolved from the cluster alone: parameter_server when it has ps tasks, multi_worker_mirrored with
+    more than one worker, else still `auto` (the local devices decide). Any other strategy is returned as is."""
+    if strategy != Strategy.AUTO:
+        return strategy
+    if has_ps:
+        return Strategy.PARAMETER_SERVER
+    if num_workers > 1:
+        return Strategy.MULTI_WORKER_MIRRORED
+    return Strategy.AUTO
 
 
 class SplitConfig(_Frozen):
@@ -188,11 +194,8 @@ class TrainConfig(_Frozen):
         `strategy: parameter_server` always does; `auto` does when there are ps tasks: those TF_CONFIG lists
         (`cluster_has_ps`, once a cluster exists) or, before the launcher starts one, `parameter_servers` > 0.
         """
-        if self.strategy == Strategy.PARAMETER_SERVER:
-            return True
-        if self.strategy != Strategy.AUTO:
-            return False
-        return cluster_has_ps if cluster_has_ps is not None else self.parameter_servers > 0
+        has_ps = cluster_has_ps if cluster_has_ps is not None else self.parameter_servers > 0
+        return strategy_for_cluster(self.strategy, has_ps=has_ps, num_workers=1) == Strategy.PARAMETER_SERVER
 
     @model_validator(mode="after")
     def _combinations(self) -> TrainConfig:

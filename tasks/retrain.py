@@ -13,11 +13,10 @@ from pipeline_lib.data.sources import dataset_uri_for, source_fingerprint
 from pipeline_lib.evaluation import metrics as evaluation
 from pipeline_lib.evaluation.report import EvalReport
 from pipeline_lib.tracking import registry
-from tasks.retry import RETRY_DELAY_SECONDS, retry_if_transient
+from tasks.retry import transient_retries
 
 
-@task(name="fingerprint_source", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
-      retry_condition_fn=retry_if_transient)
+@task(name="fingerprint_source", **transient_retries())
 def fingerprint_source(config: PipelineConfig) -> SourceFingerprint:
     """A listing (paths, sizes, mtimes or etags) and the conversion settings; an object store listing can fail
     transiently: retried."""
@@ -27,16 +26,14 @@ def fingerprint_source(config: PipelineConfig) -> SourceFingerprint:
     return fingerprint
 
 
-@task(name="find_champion", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
-      retry_condition_fn=retry_if_transient)
+@task(name="find_champion", **transient_retries())
 def find_champion(config: PipelineConfig) -> tuple[registry.VersionInfo | None, registry.VersionInfo | None]:
     name = config.tracking.registered_model
     assert name is not None
     return registry.get_champion(config.mlflow_uri, name), registry.latest_version(config.mlflow_uri, name)
 
 
-@task(name="prepare_warm_start", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
-      retry_condition_fn=retry_if_transient)
+@task(name="prepare_warm_start", **transient_retries())
 def prepare_warm_start(config: PipelineConfig, champion: registry.VersionInfo) -> str:
     target = storage.join(config.output_root, "warm_start", f"{champion.name}-v{champion.version}")
     with tempfile.TemporaryDirectory(prefix="tfdag-champion-") as tmp:
@@ -46,8 +43,7 @@ def prepare_warm_start(config: PipelineConfig, champion: registry.VersionInfo) -
     return prefix
 
 
-@task(name="evaluate_champion", retries=1, retry_delay_seconds=RETRY_DELAY_SECONDS,
-      retry_condition_fn=retry_if_transient)
+@task(name="evaluate_champion", **transient_retries(1))
 def evaluate_champion(config: PipelineConfig, data_fingerprint: str, champion: registry.VersionInfo) -> EvalReport:
     """The champion on the challenger's eval split: the same manifest, the same evaluation function."""
     manifest = load_manifest(dataset_uri_for(config.output_root, data_fingerprint), config.storage_options)
@@ -59,8 +55,7 @@ def evaluate_champion(config: PipelineConfig, data_fingerprint: str, champion: r
     return report
 
 
-@task(name="record_decision", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
-      retry_condition_fn=retry_if_transient)
+@task(name="record_decision", **transient_retries())
 def record_decision(config: PipelineConfig, challenger_version: int, decision: registry.Decision,
                     fingerprint: SourceFingerprint, config_hash: str) -> registry.VersionInfo:
     name = config.tracking.registered_model

@@ -21,3 +21,8 @@ def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
     """
     error = state.data
     return isinstance(error, BaseException) and is_transient(error)
+
+
+def transient_retries(retries: int = 2) -> dict[str, Any]:
+    """The `@task` options of a task that touches storage or a server: `retries` retries of transient failures."""
+    return {"retries": retries, "retry_delay_seconds": RETRY_DELAY_SECONDS, "retry_condition_fn": retry_if_transient}

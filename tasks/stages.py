@@ -30,7 +30,7 @@ from pipeline_lib.planning import sharding
 from pipeline_lib.tracking import model_logging
 from pipeline_lib.tracking import run as tracking
 from pipeline_lib.training.results import TrainResult
-from tasks.retry import RETRY_DELAY_SECONDS, retry_if_transient
+from tasks.retry import transient_retries
 
 
 def _key(text: str) -> str:
@@ -38,16 +38,14 @@ def _key(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:90]
 
 
-@task(name="check_storage", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
-      retry_condition_fn=retry_if_transient)
+@task(name="check_storage", **transient_retries())
 def check_storage(config: PipelineConfig) -> None:
     """Every URI readable/writable with its credentials, before any data is converted or a cluster starts."""
     checked = storage.check_storage(config)
     get_run_logger().info("storage reachable: %s", ", ".join(checked))
 
 
-@task(name="convert_to_tfrecords", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
-      retry_condition_fn=retry_if_transient)
+@task(name="convert_to_tfrecords", **transient_retries())
 def convert_to_tfrecords(config: PipelineConfig) -> Manifest:
     """Storage I/O can fail transiently (an object store outage): retried; bad input is not."""
     logger = get_run_logger()
@@ -82,8 +80,7 @@ def validate_cluster(config: PipelineConfig) -> ClusterReport:
     return report
 
 
-@task(name="start_tracking_run", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
-      retry_condition_fn=retry_if_transient)
+@task(name="start_tracking_run", **transient_retries())
 def start_tracking_run(config: PipelineConfig, run_name: str, tags: dict[str, str]) -> str:
     run_id = tracking.start_run(config, run_name, tags=tags)
     get_run_logger().info("MLflow run %s in experiment %r at %s", run_id, config.tracking.experiment, config.mlflow_uri)
@@ -137,8 +134,7 @@ def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str) -> Eva
     return report
 
 
-@task(name="track", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
-      retry_condition_fn=retry_if_transient)
+@task(name="track", **transient_retries())
 def track(config: PipelineConfig, run_id: str, params: dict[str, Any], artifacts: dict[str, str | bytes],
           eval_report: EvalReport, export: consolidation.ExportResult, manifest: Manifest,
           tags: dict[str, str]) -> model_logging.ModelVersionInfo | None:
@@ -159,8 +155,7 @@ def track(config: PipelineConfig, run_id: str, params: dict[str, Any], artifacts
     return version
 
 
-@task(name="finish_tracking_run", retries=2, retry_delay_seconds=RETRY_DELAY_SECONDS,
-      retry_condition_fn=retry_if_transient)
+@task(name="finish_tracking_run", **transient_retries())
 def finish_tracking_run(config: PipelineConfig, run_id: str, status: tracking.RunStatus,
                         failed_stage: str | None = None) -> None:
     """End the MLflow run FINISHED, FAILED or KILLED; a failed run names the stage that raised."""

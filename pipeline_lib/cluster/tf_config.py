@@ -15,7 +15,7 @@ from pipeline_lib.cluster.report import (
     format_findings,
     warning,
 )
-from pipeline_lib.config import Strategy
+from pipeline_lib.config import Strategy, strategy_for_cluster
 
 KNOWN_JOBS = ("chief", "worker", "ps", "evaluator")
 LOCAL_STRATEGIES = (Strategy.DEFAULT, Strategy.ONE_DEVICE, Strategy.MIRRORED)
@@ -250,13 +250,7 @@ def rule_multiple_evaluators(tf: _TfConfig) -> list[Finding]:
 
 def _effective(tf: _TfConfig) -> Strategy:
     """`auto` resolved as the strategy module does from the cluster alone."""
-    if tf.strategy != Strategy.AUTO:
-        return tf.strategy
-    if tf.jobs.get("ps"):
-        return Strategy.PARAMETER_SERVER
-    if tf.count("chief", "worker") > 1:
-        return Strategy.MULTI_WORKER_MIRRORED
-    return Strategy.AUTO
+    return strategy_for_cluster(tf.strategy, has_ps=bool(tf.jobs.get("ps")), num_workers=tf.count("chief", "worker"))
 
 
 def rule_ps_without_ps_job(tf: _TfConfig) -> list[Finding]:

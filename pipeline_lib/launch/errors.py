@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline_lib.core.errors import TfdagError
+from pipeline_lib.core.errors import TfdagError, UserError
 
 
 class LaunchError(TfdagError, RuntimeError):
@@ -17,6 +17,10 @@ class WorkerFailed(LaunchError):
         self.task = task
         self.exit_code = exit_code
         self.tail = tail
+
+
+class WorkerInputError(WorkerFailed, UserError):
+    """A task failed on bad input (its UserError): the message is that error's one line, prefixed by the task."""
 
 
 class RestartsExhausted(LaunchError):

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import signal
 
-from pipeline_lib.launch.spec import PREEMPTION_EXIT_CODE
+from pipeline_lib.launch.spec import (
+    PREEMPTION_EXIT_CODE,
+    USER_ERROR_EXIT_CODE,
+    USER_ERROR_PREFIX,
+)
 
 # Killed (SIGKILL 137, SIGTERM 143, SIGINT 130) or preempted with a checkpoint saved: a restart can help.
 RETRYABLE_EXIT_CODES = frozenset({130, 137, 143, PREEMPTION_EXIT_CODE})
@@ -41,7 +45,15 @@ def describe_exit(code: int) -> str:
         return f"exited {code} (preempted: SIGTERM, checkpoint saved)"
     if code == 1:
         return "exited 1 (a Python exception)"
+    if code == USER_ERROR_EXIT_CODE:
+        return f"exited {code} (bad input)"
     return f"exited {code}"
+
+
+def user_error_line(output: str) -> str | None:
+    """The message of the last USER_ERROR_PREFIX line a worker printed (its UserError), or None."""
+    messages = [line.split(USER_ERROR_PREFIX, 1)[1].strip() for line in output.splitlines() if USER_ERROR_PREFIX in line]
+    return messages[-1] if messages else None
 
 
 def peer_failure_line(output: str) -> str | None:

@@ -35,9 +35,15 @@ from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core.net import LOOPBACK, free_ports
 from pipeline_lib.data.manifest import Manifest
-from pipeline_lib.launch.errors import LaunchTimeout, RestartsExhausted, WorkerFailed
+from pipeline_lib.launch.errors import (
+    LaunchTimeout,
+    RestartsExhausted,
+    WorkerFailed,
+    WorkerInputError,
+)
+from pipeline_lib.launch.exits import user_error_line
 from pipeline_lib.launch.processes import TaskSpec
-from pipeline_lib.launch.spec import WorkerSpec
+from pipeline_lib.launch.spec import USER_ERROR_EXIT_CODE, WorkerSpec
 from pipeline_lib.launch.supervisor import AttemptSupervisor
 from pipeline_lib.planning.sharding import ShardPlan
 from pipeline_lib.training.results import TrainResult
@@ -157,6 +163,10 @@ def launch(
                                         wall_s=time.monotonic() - started)
                 supervisor.fence()
                 if outcome.kind == "permanent":
+                    bad_input = user_error_line(outcome.tail) if outcome.exit_code == USER_ERROR_EXIT_CODE else None
+                    if bad_input is not None:
+                        raise WorkerInputError(f"{outcome.task}: {bad_input}", task=outcome.task,
+                                               exit_code=outcome.exit_code, tail=outcome.tail)
                     raise WorkerFailed(
                         f"{outcome.cause}: a permanent failure, not restarted (attempt {attempt}). "
                         f"Its output ends with:\n{outcome.tail}",

@@ -14,6 +14,11 @@ from pipeline_lib.planning.sharding import ShardPlan
 # retryable errors (kubeflow/training-operator train_util.IsRetryableExitCode), so a TFJob restarts a
 # preempted pod just as our launcher does. 1 (exception) and 2 (usage) stay permanent.
 PREEMPTION_EXIT_CODE = 138
+# A UserError in a worker (a model factory that rejects its params, a strategy this machine cannot run): the
+# worker prints one line, USER_ERROR_PREFIX + the message, and exits 2 (permanent, like a usage error); the
+# launcher raises it in the flow process as a WorkerInputError, a UserError the CLI prints as one line.
+USER_ERROR_EXIT_CODE = 2
+USER_ERROR_PREFIX = "tfdag user error: "
 # The chief writes its TrainResult here, in the run dir, before it exits 0.
 RESULT_NAME = "result.json"
 # The launcher's pid: a worker asks Linux to kill it when that process dies.

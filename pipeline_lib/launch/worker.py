@@ -10,6 +10,8 @@ into the training loop.
 Exit codes:
     0: training finished (the chief wrote `<run_dir>/result.json`).
     1: a Python exception; the traceback is on stderr. Permanent: restarting will not help.
+    USER_ERROR_EXIT_CODE (2): a UserError (bad input); one line on stderr starting with USER_ERROR_PREFIX names
+        the value and the fix. Permanent.
     PREEMPTION_EXIT_CODE (138): SIGTERM (a preemption notice) was received; a checkpoint agreed by every
         worker was saved first. Retryable: restart the group and it resumes from that checkpoint.
 """
@@ -29,6 +31,7 @@ from pipeline_lib.cluster.info import ClusterInfo, cluster_from_env
 from pipeline_lib.cluster.preflight import run_preflight
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
+from pipeline_lib.core.errors import UserError
 from pipeline_lib.data.manifest import load_manifest
 from pipeline_lib.launch.heartbeat import Heartbeat
 from pipeline_lib.launch.spec import (
@@ -36,6 +39,8 @@ from pipeline_lib.launch.spec import (
     PARENT_PID_ENV,
     PREEMPTION_EXIT_CODE,
     RESULT_NAME,
+    USER_ERROR_EXIT_CODE,
+    USER_ERROR_PREFIX,
     WorkerSpec,
     load_spec,
 )
@@ -166,7 +171,10 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     try:
         spec = load_spec(args.spec)
         return run_worker(spec)
-    except Exception:  # noqa: BLE001 - every exception is reported the same way: traceback, exit 1
+    except UserError as error:  # the input is wrong: one line naming the value and the fix, no traceback
+        print(USER_ERROR_PREFIX + " ".join(str(error).split()), file=sys.stderr, flush=True)
+        return USER_ERROR_EXIT_CODE
+    except Exception:  # noqa: BLE001 - every other exception is reported the same way: traceback, exit 1
         traceback.print_exc(file=sys.stderr)
         sys.stderr.flush()
         return 1

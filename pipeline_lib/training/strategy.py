@@ -10,7 +10,13 @@ import keras
 import tensorflow as tf
 
 from pipeline_lib.cluster.info import ClusterInfo
-from pipeline_lib.config import Collective, LrScaling, Strategy, TrainConfig
+from pipeline_lib.config import (
+    Collective,
+    LrScaling,
+    Strategy,
+    TrainConfig,
+    strategy_for_cluster,
+)
 from pipeline_lib.core.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -86,10 +92,11 @@ def choose_kind(train: TrainConfig, cluster: ClusterInfo, num_gpus: int | None =
         num_gpus = len(tf.config.list_physical_devices("GPU"))
     if train.strategy != Strategy.AUTO:
         return train.strategy, f"train.strategy is {train.strategy.value!r}"
-    if train.uses_parameter_server(cluster.has_ps):
-        return Strategy.PARAMETER_SERVER, f"auto: TF_CONFIG lists {len(cluster.cluster['ps'])} parameter server(s)"
-    if cluster.num_workers > 1:
-        return Strategy.MULTI_WORKER_MIRRORED, f"auto: TF_CONFIG lists {cluster.num_workers} workers"
+    kind = strategy_for_cluster(train.strategy, has_ps=cluster.has_ps, num_workers=cluster.num_workers)
+    if kind == Strategy.PARAMETER_SERVER:
+        return kind, f"auto: TF_CONFIG lists {len(cluster.cluster['ps'])} parameter server(s)"
+    if kind == Strategy.MULTI_WORKER_MIRRORED:
+        return kind, f"auto: TF_CONFIG lists {cluster.num_workers} workers"
     if num_gpus > 1:
         return Strategy.MIRRORED, f"auto: {num_gpus} local GPUs"
     if num_gpus == 1:

@@ -114,3 +114,12 @@ def test_a_deleted_experiment_fails_in_the_flow_as_one_line(tmp_path, prefect_ap
     client.delete_experiment(client.create_experiment("cli-errors"))
     out = _run(tmp_path, config, env={"PREFECT_API_URL": prefect_api})
     _assert_one_line_user_error(out, "tracking.experiment 'cli-errors' is deleted", "mlflow experiments restore")
+
+
+@pytest.mark.slow
+def test_a_model_factory_that_fails_in_a_worker_process_is_one_line(tmp_path, prefect_api):
+    # json.dumps imports fine (the check before the flow passes) but rejects the factory's arguments, which
+    # only the worker process finds: its UserError travels back through the launcher as one line.
+    out = _run(tmp_path, _config(tmp_path, model={"factory": "json:dumps"}), env={"PREFECT_API_URL": prefect_api})
+    _assert_one_line_user_error(out, "worker 0: model.factory 'json:dumps' rejected model.params",
+                                "check the parameter names")

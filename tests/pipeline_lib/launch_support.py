@@ -24,6 +24,9 @@ from pipeline_lib.launch.spec import WorkerSpec
 from pipeline_lib.planning.sharding import AutoShardPolicy, ShardPlan
 from tests.conftest import make_plan, write_dataset
 
+# The repository root: the working directory and PYTHONPATH of the processes the tests start.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 def write_dataset_on_disk(root: str, **kwargs) -> Manifest:
     """The conftest dataset plus its manifest.json, so worker processes can load it."""

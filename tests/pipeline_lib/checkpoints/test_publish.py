@@ -3,39 +3,23 @@
 from __future__ import annotations
 
 import os
-import uuid
 
 import fsspec
-import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from pipeline_lib.checkpoints import manifests, publish
 from pipeline_lib.checkpoints import store as checkpoints
 from pipeline_lib.config import Direction
+from tests.pipeline_lib.checkpoints.checkpoint_support import create_state, save_at
 
 MEMORY = fsspec.filesystem("memory")
 
 
-@pytest.fixture
-def remote_dir():
-    bucket = f"tfdag-pub-{uuid.uuid4().hex[:8]}"
-    yield f"memory://{bucket}/runs/r1/checkpoints"
-    if MEMORY.exists(f"/{bucket}"):
-        MEMORY.rm(f"/{bucket}", recursive=True)
 
 
-def _state():
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    step = tf.Variable(0, dtype=tf.int64)
-    return model, step, tf.train.Checkpoint(model=model, step=step)
 
 
-def _save(store, step_var, model, step, metrics=None):
-    step_var.assign(step)
-    model.layers[0].kernel.assign(np.full((3, 2), float(step), np.float32))
-    return store.save(step, metrics_fn=lambda: dict(metrics or {}))
 
 
 def _remote_names(remote_dir: str) -> list[str]:
@@ -44,9 +28,9 @@ def _remote_names(remote_dir: str) -> list[str]:
 
 
 def test_publish_uploads_files_then_the_manifest_last(tmp_path, remote_dir, monkeypatch):
-    model, step, checkpoint = _state()
+    model, step, checkpoint = create_state()
     store = checkpoints.CheckpointStore(str(tmp_path), checkpoint)
-    record = _save(store, step, model, 5, {"eval_loss": 0.25})
+    record = save_at(store, step, model, 5, {"eval_loss": 0.25})
     publisher = publish.CheckpointPublisher(remote_dir)
     order = []
     real_put, real_pipe = type(MEMORY).put_file, type(MEMORY).pipe_file
@@ -65,11 +49,11 @@ def test_publish_uploads_files_then_the_manifest_last(tmp_path, remote_dir, monk
 
 
 def test_a_crash_mid_upload_never_leaves_a_checkpoint_that_counts(tmp_path, remote_dir, monkeypatch):
-    model, step, checkpoint = _state()
+    model, step, checkpoint = create_state()
     store = checkpoints.CheckpointStore(str(tmp_path), checkpoint, keep=5)
     publisher = publish.CheckpointPublisher(remote_dir, retries=0)
-    publisher.publish(_save(store, step, model, 1).path)
-    second = _save(store, step, model, 2)
+    publisher.publish(save_at(store, step, model, 1).path)
+    second = save_at(store, step, model, 2)
     real_put = type(MEMORY).put_file
     uploads = {"n": 0}
 
@@ -90,17 +74,17 @@ def test_a_crash_mid_upload_never_leaves_a_checkpoint_that_counts(tmp_path, remo
     restored = publisher.restore_latest(str(tmp_path / "restore"))
     assert restored.step == 1 and manifests.verify(restored.path) is None
     # The next successful publish cleans the debris away through retention.
-    publisher.publish(_save(store, step, model, 3).path)
+    publisher.publish(save_at(store, step, model, 3).path)
     publisher.apply_retention(keep=5)
     assert not any(n.startswith("ckpt-2.") for n in _remote_names(remote_dir))
 
 
 def test_restore_downloads_the_newest_verified_checkpoint(tmp_path, remote_dir, caplog):
-    model, step, checkpoint = _state()
+    model, step, checkpoint = create_state()
     store = checkpoints.CheckpointStore(str(tmp_path / "local"), checkpoint, keep=5)
     publisher = publish.CheckpointPublisher(remote_dir)
     for s in (10, 20, 30):
-        publisher.publish(_save(store, step, model, s).path)
+        publisher.publish(save_at(store, step, model, s).path)
     # Damage the newest remote checkpoint: a restore must fall back to step 20.
     root = remote_dir.removeprefix("memory://")
     MEMORY.pipe_file(f"{root}/ckpt-30.data-00000-of-00001", b"garbage")
@@ -109,7 +93,7 @@ def test_restore_downloads_the_newest_verified_checkpoint(tmp_path, remote_dir, 
     assert record.step == 20 and record.path == os.path.join(local_dir, "ckpt-20")
     assert manifests.verify(record.path) is None
     assert "ckpt-30" in caplog.text and "falling back" in caplog.text
-    fresh_model, fresh_step, fresh = _state()
+    fresh_model, fresh_step, fresh = create_state()
     fresh.read(record.path).assert_existing_objects_matched()
     assert int(fresh_step.numpy()) == 20
     np.testing.assert_array_equal(fresh_model.layers[0].kernel.numpy(), np.full((3, 2), 20.0, np.float32))
@@ -120,12 +104,12 @@ def test_restore_of_an_empty_remote_dir_is_none(tmp_path, remote_dir):
 
 
 def test_remote_retention_keeps_the_newest_and_the_best(tmp_path, remote_dir):
-    model, step, checkpoint = _state()
+    model, step, checkpoint = create_state()
     store = checkpoints.CheckpointStore(str(tmp_path), checkpoint, keep=10)
     publisher = publish.CheckpointPublisher(remote_dir)
     accuracy = {1: 0.5, 2: 0.9, 3: 0.6, 4: 0.7}
     for s, value in accuracy.items():
-        publisher.publish(_save(store, step, model, s, {"eval_accuracy": value}).path)
+        publisher.publish(save_at(store, step, model, s, {"eval_accuracy": value}).path)
     kept = publisher.apply_retention(keep=2, best_metric="eval_accuracy",
                                      best_direction=Direction.MAX)
     assert [r.step for r in kept] == [2, 3, 4]
@@ -134,10 +118,10 @@ def test_remote_retention_keeps_the_newest_and_the_best(tmp_path, remote_dir):
 
 
 def test_a_damaged_remote_file_is_refused_without_retry(tmp_path, remote_dir, monkeypatch):
-    model, step, checkpoint = _state()
+    model, step, checkpoint = create_state()
     store = checkpoints.CheckpointStore(str(tmp_path / "local"), checkpoint)
     publisher = publish.CheckpointPublisher(remote_dir)
-    publisher.publish(_save(store, step, model, 3).path)
+    publisher.publish(save_at(store, step, model, 3).path)
     root = remote_dir.removeprefix("memory://")
     MEMORY.pipe_file(f"{root}/ckpt-3.index", b"garbage")
     opened = []

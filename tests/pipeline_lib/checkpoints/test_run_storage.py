@@ -4,47 +4,29 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 
 import fsspec
-import keras
-import numpy as np
-import pytest
-import tensorflow as tf
 
 from pipeline_lib.checkpoints import manifests, publish, run_storage
 from pipeline_lib.checkpoints import store as checkpoints
 from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.core import storage
+from tests.pipeline_lib.checkpoints.checkpoint_support import create_state, save_at
 
 MEMORY = fsspec.filesystem("memory")
 
 
-@pytest.fixture
-def remote_dir():
-    bucket = f"tfdag-pub-{uuid.uuid4().hex[:8]}"
-    yield f"memory://{bucket}/runs/r1/checkpoints"
-    if MEMORY.exists(f"/{bucket}"):
-        MEMORY.rm(f"/{bucket}", recursive=True)
 
 
-def _state():
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    step = tf.Variable(0, dtype=tf.int64)
-    return model, step, tf.train.Checkpoint(model=model, step=step)
 
 
-def _save(store, step_var, model, step, metrics=None):
-    step_var.assign(step)
-    model.layers[0].kernel.assign(np.full((3, 2), float(step), np.float32))
-    return store.save(step, metrics_fn=lambda: dict(metrics or {}))
 
 
 def test_localize_checkpoint_downloads_a_remote_record(tmp_path, remote_dir, monkeypatch):
     monkeypatch.setenv("TFDAG_CACHE_DIR", str(tmp_path / "cache"))
-    model, step, checkpoint = _state()
+    model, step, checkpoint = create_state()
     store = checkpoints.CheckpointStore(str(tmp_path / "local"), checkpoint)
-    published = publish.CheckpointPublisher(remote_dir).publish(_save(store, step, model, 7, {"eval_loss": 1.0}).path)
+    published = publish.CheckpointPublisher(remote_dir).publish(save_at(store, step, model, 7, {"eval_loss": 1.0}).path)
     local = run_storage.localize_checkpoint(published)
     assert storage.is_local(local.path) and local.path.startswith(str(tmp_path / "cache"))
     assert local.step == 7 and local.metrics == {"eval_loss": 1.0}
@@ -68,9 +50,9 @@ def test_run_storage_of_a_remote_run_mirrors_per_task(tmp_path, remote_dir, monk
     assert chief.is_remote and chief.local_dir != other.local_dir
     assert chief.checkpoint_dir == f"{run_dir}/checkpoints" and chief.tensorboard_dir == f"{run_dir}/tensorboard"
     assert other.tensorboard_sync is None  # only the chief publishes
-    model, step, checkpoint = _state()
+    model, step, checkpoint = create_state()
     store = checkpoints.CheckpointStore(chief.local_checkpoint_dir, checkpoint, keep=1)
-    published = chief.publish_checkpoint(_save(store, step, model, 4), keep=1)
+    published = chief.publish_checkpoint(save_at(store, step, model, 4), keep=1)
     assert published.path == f"{run_dir}/checkpoints/ckpt-4"
     assert other.publish_checkpoint(None, keep=1) is None
     # Every task restores what the chief published, whatever its own leftovers.

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
-
 import fsspec
-import pytest
 
 from pipeline_lib.checkpoints.tree_sync import TreeSync
 
 MEMORY = fsspec.filesystem("memory")
 
 
-@pytest.fixture
-def remote_dir():
-    bucket = f"tfdag-sync-{uuid.uuid4().hex[:8]}"
-    yield f"memory://{bucket}/runs/r1/checkpoints"
-    if MEMORY.exists(f"/{bucket}"):
-        MEMORY.rm(f"/{bucket}", recursive=True)
 
 
 def test_tree_sync_uploads_only_what_changed(tmp_path, remote_dir):

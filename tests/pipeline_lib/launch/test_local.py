@@ -19,6 +19,7 @@ from pipeline_lib.launch.errors import LaunchTimeout, RestartsExhausted, WorkerF
 from pipeline_lib.launch.local import launch, plan_tasks
 from pipeline_lib.launch.spec import PREEMPTION_EXIT_CODE
 from tests.pipeline_lib.launch_support import (
+    REPO_ROOT,
     LogCapture,
     assert_no_orphans,
     make_config,
@@ -26,8 +27,6 @@ from tests.pipeline_lib.launch_support import (
     plan_for,
     write_dataset_on_disk,
 )
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +242,7 @@ def test_ctrl_c_to_the_launcher_leaves_no_orphan(tmp_path, dataset):
             print("interrupted", flush=True)
             raise SystemExit(130)
     """)
-    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     try:
         heartbeat = os.path.join(spec.heartbeat_dir, "worker-1.json")
         deadline = time.monotonic() + 240
@@ -265,7 +264,7 @@ def test_ctrl_c_to_the_launcher_leaves_no_orphan(tmp_path, dataset):
 
 def test_launcher_module_does_not_import_tensorflow():
     code = "import sys, pipeline_lib.launch.local; print('tensorflow' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
                          check=False)
     assert out.stdout.strip() == "False", out.stderr
     assert supervisor.STARTUP_ALLOWANCE_S == 120.0

@@ -15,8 +15,7 @@ import psutil
 from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.launch.processes import TaskProcess, TaskSpec, is_stopped, worker_env
 from pipeline_lib.launch.spec import PARENT_PID_ENV
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.pipeline_lib.launch_support import REPO_ROOT
 
 
 def test_worker_env_sets_tf_config_parent_pid_and_the_project_on_the_path(monkeypatch):
@@ -25,8 +24,8 @@ def test_worker_env_sets_tf_config_parent_pid_and_the_project_on_the_path(monkey
     env = worker_env(TaskSpec(cluster, is_trainer=True), {"TFDAG_FAULT": "kill:worker=1:step=3"})
     assert json.loads(env["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
     assert env["TFDAG_FAULT"] == "kill:worker=1:step=3" and env[PARENT_PID_ENV] == str(os.getpid())
-    assert env["PYTHONPATH"].split(os.pathsep)[0] == ROOT
-    assert os.path.isdir(os.path.join(ROOT, "pipeline_lib"))
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == REPO_ROOT
+    assert os.path.isdir(os.path.join(REPO_ROOT, "pipeline_lib"))
     single = worker_env(TaskSpec(ClusterInfo(), is_trainer=True, env_tf_config=False), {})
     assert "TF_CONFIG" not in single
 

@@ -17,13 +17,12 @@ from pipeline_lib.launch.spec import PREEMPTION_EXIT_CODE, WorkerSpec
 from pipeline_lib.launch.worker import WorkerHooks
 from pipeline_lib.training.results import TrainResult
 from tests.pipeline_lib.launch_support import (
+    REPO_ROOT,
     make_config,
     make_spec,
     plan_for,
     write_dataset_on_disk,
 )
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +92,7 @@ def _run_worker(spec: WorkerSpec, tmp_path, env: dict | None = None) -> subproce
     path.write_text(spec.model_dump_json())
     environ = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFDAG_FAULT")}
     environ.update(env or {})
-    return subprocess.run([sys.executable, "-m", "pipeline_lib.launch.worker", "--spec", str(path)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "pipeline_lib.launch.worker", "--spec", str(path)], cwd=REPO_ROOT,
                           env=environ, capture_output=True, text=True, timeout=300, check=False)
 
 

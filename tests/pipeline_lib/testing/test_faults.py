@@ -20,8 +20,7 @@ from pipeline_lib.testing.faults import (
     FaultSpecError,
     parse_faults,
 )
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.pipeline_lib.launch_support import REPO_ROOT
 
 
 def test_parse_every_documented_form():
@@ -68,7 +67,7 @@ def test_raise_fires_at_its_step_once_per_run(tmp_path):
 
 
 def _run_child(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=120, env={**os.environ, **(env or {})}, check=False)
 
 
@@ -93,7 +92,7 @@ def test_stop_fault_stops_the_process(tmp_path):
         from pipeline_lib.testing.faults import FaultInjector, parse_faults
         FaultInjector(parse_faults("stop:worker=0:step=1"), 0, {str(tmp_path)!r}).on_step_end(1)
         print("resumed", flush=True)
-    """)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    """)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     try:
         proc = psutil.Process(child.pid)
         for _ in range(600):

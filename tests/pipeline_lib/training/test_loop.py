@@ -15,11 +15,11 @@ from pipeline_lib.training import loop as training
 from pipeline_lib.training.errors import TrainingError, TrainingInterrupted
 from pipeline_lib.training.hooks import TrainHooks
 from tests.conftest import make_plan, write_dataset
+from tests.pipeline_lib.launch_support import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
 # tests/pipeline_lib/training/test_loop.py -> the repository root, for the worker processes' PYTHONPATH.
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _config(**train):
@@ -226,7 +226,7 @@ def _run_workers(tmp_path, args, num_workers=2):
     procs = []
     try:
         for index in range(num_workers):
-            env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2",
+            env = dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="2",
                        TF_CONFIG=json.dumps({"cluster": {"worker": addresses},
                                              "task": {"type": "worker", "index": index}}))
             procs.append(subprocess.Popen([sys.executable, str(script), json.dumps(args)], env=env,
@@ -305,7 +305,7 @@ def test_parameter_server_chief_coordinates_two_workers_and_one_ps(tmp_path):
     try:
         for job in ("chief", "ps", "worker"):
             for index in range(len(cluster[job])):
-                env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2",
+                env = dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="2",
                            TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}))
                 procs.append(subprocess.Popen([sys.executable, str(script), json.dumps(args)], env=env,
                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
