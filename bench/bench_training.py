@@ -30,6 +30,7 @@ import tempfile
 import time
 
 from bench import case
+from pipeline_lib.core.net import free_ports
 
 # The loop executes this many steps per tf.function call in the main case; the sweep below shows why.
 STEPS_PER_EXECUTION = 64
@@ -157,21 +158,13 @@ def _keras_fit(manifest, batch: int, hidden: list[int], steps: int, warmup: int,
     return steady_rate({s: t for s, t in clock.times.items() if s <= steps}, warmup, batch)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run_processes(directory: str, args: dict, num_workers: int, timeout_s: float = 600) -> dict:
     """Run `num_workers` training processes (MWMS over loopback when > 1, else Default); the chief's RESULT."""
     script = os.path.join(directory, "bench_worker.py")
     with open(script, "w") as handle:
         handle.write(WORKER_SOURCE)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    addresses = [f"127.0.0.1:{_free_port()}" for _ in range(num_workers)]
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(num_workers)]
     procs = []
     try:
         for index in range(num_workers):

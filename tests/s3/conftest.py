@@ -9,15 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-
-moto_server = pytest.importorskip("moto.server")
-pytest.importorskip("s3fs")
-
 from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
@@ -26,15 +21,11 @@ from moto.moto_server.werkzeug_app import (
 )
 from werkzeug.serving import make_server
 
+from pipeline_lib.core.net import free_port
+
 BUCKET = "tfdag-demo"
 ACCESS_KEY = "testing"
 SECRET_KEY = "testing-secret-value"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class S3Server(ThreadedMotoServer):
@@ -81,7 +72,7 @@ class S3Server(ThreadedMotoServer):
 def s3_server() -> Iterator[S3Server]:
     """The session's S3 API server; the environment points every S3 client (s3fs, boto3, MLflow) at it."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = S3Server(_free_port())
+    server = S3Server(free_port())
     server.start()
     patch = pytest.MonkeyPatch()
     patch.setenv("AWS_ENDPOINT_URL", server.endpoint)

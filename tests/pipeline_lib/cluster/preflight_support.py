@@ -8,16 +8,7 @@ import socket
 
 from pipeline_lib.cluster.fingerprint import collect_fingerprint
 from pipeline_lib.cluster.info import ClusterInfo
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
+from pipeline_lib.core.net import free_ports
 
 
 def two_workers() -> list[ClusterInfo]:

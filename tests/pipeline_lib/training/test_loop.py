@@ -10,6 +10,7 @@ import pytest
 
 from pipeline_lib.checkpoints import manifests
 from pipeline_lib.config import parse_config
+from pipeline_lib.core.net import free_ports
 from pipeline_lib.testing.sinks import InMemorySink
 from pipeline_lib.training import loop as training
 from pipeline_lib.training.errors import TrainingError, TrainingInterrupted
@@ -206,14 +207,6 @@ except TrainingInterrupted as stopped:
 '''
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run_workers(tmp_path, args, num_workers=2):
     """Start real MultiWorkerMirrored worker processes over loopback; return (exit codes, outputs)."""
     import json
@@ -222,7 +215,7 @@ def _run_workers(tmp_path, args, num_workers=2):
 
     script = tmp_path / "worker.py"
     script.write_text(WORKER_SOURCE)
-    addresses = [f"127.0.0.1:{_free_port()}" for _ in range(num_workers)]
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(num_workers)]
     procs = []
     try:
         for index in range(num_workers):
@@ -297,8 +290,8 @@ def test_parameter_server_chief_coordinates_two_workers_and_one_ps(tmp_path):
                      checkpoint_every_steps=30)
     args = {"config": config.model_dump(mode="json"), "manifest": manifest.to_json(),
             "plan": make_plan(manifest, steps=60).model_dump_json(), "run_dir": str(tmp_path / "ps")}
-    cluster = {"chief": [f"127.0.0.1:{_free_port()}"], "ps": [f"127.0.0.1:{_free_port()}"],
-               "worker": [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]}
+    chief, ps, *workers = (f"127.0.0.1:{port}" for port in free_ports(4))
+    cluster = {"chief": [chief], "ps": [ps], "worker": workers}
     script = tmp_path / "task.py"
     script.write_text(PS_TASK_SOURCE)
     procs = []
