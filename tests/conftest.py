@@ -27,6 +27,7 @@ from pipeline_lib.data.manifest import (
     SourceFingerprint,
 )
 from pipeline_lib.planning.sharding import AutoShardPolicy, ShardPlan, WorkerAssignment
+from tests.servers import mlflow_client, prefect_api, tfdag_stack  # noqa: F401  (session fixtures for every folder)
 
 NUM_CLASSES = 3
 

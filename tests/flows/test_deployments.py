@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from flows import stack
-from tests.flows.conftest import ROOT, prefect_cli
+from tests.servers import ROOT, prefect_cli
 
 PREFECT_YAML = ROOT / "deployments" / "prefect.yaml"
 K8S_TEMPLATE = ROOT / "deployments" / "k8s-work-pool.yaml"

@@ -134,11 +134,3 @@ class S3Handle:
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-
-@pytest.fixture(scope="session")
-def prefect_harness():
-    """A throw-away Prefect API for the flow and task runs of these tests (retries need a task engine)."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield

@@ -79,7 +79,7 @@ def _config(tmp_path):
     })
 
 
-def test_conversion_retries_through_an_outage_and_publishes_a_complete_set(s3, tmp_path, prefect_harness,
+def test_conversion_retries_through_an_outage_and_publishes_a_complete_set(s3, tmp_path, prefect_api,
                                                                            monkeypatch):
     # botocore's own retries (up to ~15 s of backoff per request) would otherwise ride out the outage.
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")

@@ -223,7 +223,7 @@ def test_conversion_writes_shards_and_manifest_to_s3(s3, tmp_path):
 
 
 @pytest.mark.slow
-def test_digits_pipeline_runs_with_every_uri_on_s3(s3, tmp_path, monkeypatch, prefect_harness, caplog):
+def test_digits_pipeline_runs_with_every_uri_on_s3(s3, tmp_path, monkeypatch, prefect_api, caplog):
     import yaml
     from mlflow import MlflowClient
     from prefect.client.orchestration import get_client

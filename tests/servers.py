@@ -1,0 +1,104 @@
+"""Session-scoped real servers shared by every test that needs them: one `tfdag stack up` (Prefect server, MLflow
+server, work pool, process worker, deployments) on free loopback ports, started once per test session."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from flows import stack
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class RunningStack:
+    state: stack.StackState
+    root: Path
+    user_home: Path  # PREFECT_HOME of the "user's shell": its profile points at the stack
+
+    def cli_env(self, *, api_url: bool = True) -> dict[str, str]:
+        """The environment of a CLI the test runs, as a user's shell after `tfdag stack up`."""
+        env = dict(os.environ)
+        env["PREFECT_HOME"] = str(self.user_home)
+        env.pop("PREFECT_PROFILES_PATH", None)
+        env.pop("MLFLOW_TRACKING_URI", None)
+        if api_url:
+            env["PREFECT_API_URL"] = self.state.prefect_api_url
+        else:
+            env.pop("PREFECT_API_URL", None)
+        return env
+
+
+def prefect_cli(running: RunningStack, *args: str, api_url: bool = True, timeout: float = 900):
+    return subprocess.run([stack._bin("prefect"), *args], cwd=ROOT, env=running.cli_env(api_url=api_url),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _stack_cli(action: str, root: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", "stack", action, "--root", str(root)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=900, check=False)
+
+
+@pytest.fixture(scope="session")
+def tfdag_stack(tmp_path_factory) -> RunningStack:
+    """`tfdag stack up` through the CLI, on free ports, with a throw-away user PREFECT_HOME; `down` at the end."""
+    root = tmp_path_factory.mktemp("stack") / ".tfdag"
+    user_home = tmp_path_factory.mktemp("user-prefect-home")
+    env = dict(os.environ, TFDAG_PREFECT_PORT="0", TFDAG_MLFLOW_PORT="0", PREFECT_HOME=str(user_home))
+    for name in ("PREFECT_API_URL", "PREFECT_PROFILES_PATH", "MLFLOW_TRACKING_URI"):
+        env.pop(name, None)
+    up = _stack_cli("up", root, env)
+    if up.returncode != 0:
+        _stack_cli("down", root, env)
+        pytest.fail(f"tfdag stack up failed ({up.returncode}):\n{up.stdout[-4000:]}\n{up.stderr[-4000:]}")
+    state = stack.read_state(root)
+    assert state is not None, up.stdout
+    running = RunningStack(state=state, root=root, user_home=user_home)
+    _pause_schedules(running)
+    yield running
+    down = _stack_cli("down", root, env)
+    leftovers = [r.name for r in state.services if stack.find_process(r) is not None]
+    assert down.returncode == 0 and not leftovers, f"tfdag stack down left {leftovers}:\n{down.stdout}{down.stderr}"
+
+
+def _pause_schedules(running: RunningStack) -> None:
+    """The nightly cron must not start a real retrain in the middle of a test session that spans 03:00 UTC."""
+    out = prefect_cli(running, "deployment", "schedule", "ls", "retrain/nightly", "--output", "json", timeout=120)
+    if out.returncode != 0:
+        raise AssertionError(f"cannot list the schedules of retrain/nightly:\n{out.stdout}{out.stderr}")
+    for schedule in json.loads(out.stdout):
+        paused = prefect_cli(running, "deployment", "schedule", "pause", "retrain/nightly", schedule["id"],
+                             timeout=120)
+        assert paused.returncode == 0, paused.stdout + paused.stderr
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tfdag_stack):
+    """The session's Prefect server for in-process flows (and subprocesses through PREFECT_API_URL)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    url = tfdag_stack.state.prefect_api_url
+    previous = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = url
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: url}):
+            yield url
+    finally:
+        if previous is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = previous
+
+
+@pytest.fixture(scope="session")
+def mlflow_client(tfdag_stack):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=tfdag_stack.state.mlflow_url, registry_uri=tfdag_stack.state.mlflow_url)
