@@ -45,6 +45,7 @@ class PipelineSummary(BaseModel):
     scaled_learning_rate: float
     final_step: int
     num_restarts: int
+    restarts: list[str]  # each restart: its cause and the step it resumed from
     gate_passed: bool | None
 
 
@@ -159,6 +160,8 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
             "tensorboard": train_result.tensorboard_dir,
         }
         artifacts.update(_preflight_artifacts(run_dir))
+        if train_result.restarts:
+            artifacts["training/restarts.txt"] = "".join(f"{r.describe()}\n" for r in train_result.restarts)
         version = stages.track(config, run_id, params, artifacts, report, export, manifest, tags)
 
     gate = report.gate_passed
@@ -188,6 +191,7 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
         scaled_learning_rate=train_result.scaled_learning_rate,
         final_step=train_result.final_step,
         num_restarts=train_result.num_restarts,
+        restarts=[r.describe() for r in train_result.restarts],
         gate_passed=gate,
     )
 

@@ -93,10 +93,11 @@ def train(config: PipelineConfig, manifest: Manifest, plan: sharding.ShardPlan, 
     """No Prefect retry and no Prefect timeout: the supervisor owns restarts and timeouts of its processes."""
     logger = get_run_logger()
 
-    def on_restart(attempt: int, cause: str) -> None:
-        logger.warning("restart %d of %d: %s", attempt, config.train.max_restarts, cause)
+    def on_restart(attempt: int, story: str) -> None:
+        # Told once the restarted group has restored: the cause and the step it resumed from.
+        logger.warning("restart %d of %d: %s", attempt, config.train.max_restarts, story)
         if mlflow_run_id:
-            tracking.record_restart(mlflow_run_id, config.mlflow_uri, attempt, cause)
+            tracking.record_restart(mlflow_run_id, config.mlflow_uri, attempt, story)
 
     try:
         return launcher.launch_training(

@@ -6,6 +6,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+# The train loss of the last step before the save, beside the eval metrics: a run resumed at its final step
+# reports it as its final loss.
+TRAIN_LOSS_METRIC = "train_loss"
+
 
 class CheckpointRecord(BaseModel):
     """One checkpoint: its global step, its prefix and the eval metrics measured at that step."""
@@ -14,7 +18,7 @@ class CheckpointRecord(BaseModel):
 
     step: int
     path: str  # checkpoint prefix, e.g. <run_dir>/checkpoints/ckpt-300
-    metrics: dict[str, float] = {}  # eval metrics measured at this step (eval_loss, eval_accuracy...)
+    metrics: dict[str, float] = {}  # eval metrics measured at this step (eval_loss, eval_accuracy...), train_loss
 
     @classmethod
     def from_manifest(cls, prefix: str, manifest: dict[str, Any]) -> CheckpointRecord:

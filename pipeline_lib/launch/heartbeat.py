@@ -1,4 +1,4 @@
-"""Heartbeat files: each training process writes its step as it trains, the supervisor's watchdog reads them."""
+"""Heartbeat files: each training process writes its step and phase, the supervisor's watchdog reads them."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from pipeline_lib.cluster.info import ClusterInfo
+from pipeline_lib.training.hooks import Phase
 
 HEARTBEAT_INTERVAL_S = 0.5
 
@@ -18,8 +19,9 @@ def heartbeat_name(cluster: ClusterInfo) -> str:
 
 
 class Heartbeat:
-    """Writes `<heartbeat_dir>/<task>.json` with step, time and examples, at most every `interval_s`.
+    """Writes `<heartbeat_dir>/<task>.json` with step, phase, time and examples, at most every `interval_s`.
 
+    A phase change is always written. `start_step` is the step the task restored (None until it has).
     Written atomically (temp file + rename) so the supervisor never reads half a file.
     """
 
@@ -29,16 +31,20 @@ class Heartbeat:
         self.task = cluster.name
         self.interval_s = interval_s
         self.examples = 0
+        self.phase = Phase.STARTING
+        self.start_step: int | None = None
         self._last_write = float("-inf")
 
-    def beat(self, step: int, examples: int, *, force: bool = False) -> None:
+    def beat(self, step: int, examples: int, *, phase: Phase | None = None, force: bool = False) -> None:
         self.examples += examples
+        if phase is not None and phase != self.phase:
+            self.phase, force = phase, True
         now = time.monotonic()
         if not force and now - self._last_write < self.interval_s:
             return
         self._last_write = now
-        payload = json.dumps({"task": self.task, "pid": os.getpid(), "step": int(step), "time": time.time(),
-                              "examples": int(self.examples)})
+        payload = json.dumps({"task": self.task, "pid": os.getpid(), "step": int(step), "phase": self.phase.value,
+                              "start_step": self.start_step, "time": time.time(), "examples": int(self.examples)})
         tmp = f"{self.path}.{os.getpid()}.tmp"
         with open(tmp, "w") as handle:
             handle.write(payload)

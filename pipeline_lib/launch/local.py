@@ -11,8 +11,10 @@ Supervision (like TFJob's ExitCode restart policy, plus a watchdog TFJob does no
   and the tail of its traceback.
 - Watchdog: a training task whose step has not advanced for `train.hang_timeout_s` gets the whole group fenced
   and restarted; training resumes from the last valid checkpoint (see `pipeline_lib.launch.supervisor`).
-- Restarts: at most `train.max_restarts`, after `restart_backoff_s`, doubling each time; each one recorded in
-  `LaunchResult.restarts` and passed to `on_restart(n, cause)`. Then `RestartsExhausted` names the last cause.
+- Restarts: at most `train.max_restarts`, after `restart_backoff_s`, doubling each time. Each one is a
+  `RestartRecord` with its cause and the step the restarted group resumed from (its chief's heartbeat says),
+  logged as `[supervisor] restart N: ...`, passed to `on_restart(n, story)` once it resumed, and kept in
+  `LaunchResult.restarts` and `TrainResult.restarts`. Then `RestartsExhausted` names the last cause.
 - `train.timeout_s` (or the `timeout_s` argument) bounds the whole launch, restarts included: `LaunchTimeout`.
 
 Every exit path (success, failure, timeout, Ctrl-C, SIGTERM to the launcher's main thread) kills each
@@ -46,19 +48,9 @@ from pipeline_lib.launch.processes import TaskSpec
 from pipeline_lib.launch.spec import USER_ERROR_EXIT_CODE, WorkerSpec
 from pipeline_lib.launch.supervisor import AttemptSupervisor
 from pipeline_lib.planning.sharding import ShardPlan
-from pipeline_lib.training.results import TrainResult
+from pipeline_lib.training.results import RestartRecord, TrainResult
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class RestartRecord:
-    """One restart of the whole group: its number (1-based), why, and when (UNIX time)."""
-
-    number: int
-    cause: str
-    time: float
-    delay_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +124,8 @@ def launch(
         log_fn: receives every output line of every task, prefixed `[worker 1] `; called from log threads
             one line at a time.
         timeout_s: the overall limit, restarts included; default `train.timeout_s` (None: no limit).
-        on_restart: called as `on_restart(n, cause)` before restart n (1-based) starts.
+        on_restart: called as `on_restart(n, story)` for restart n (1-based) once the restarted group has
+            restored (or failed before it did); the story is the cause and the step it resumed from.
         env: extra environment variables for the workers (e.g. TFDAG_FAULT in tests).
 
     Returns:
@@ -150,15 +143,31 @@ def launch(
     deadline = started + limit if limit else None
     restarts: list[RestartRecord] = []
     supervisor = AttemptSupervisor(spec, config, log_fn, env, deadline)
+    told: set[int] = set()
+
+    def tell(resumed_step: int | None) -> None:
+        """Complete the story of the latest restart with where it resumed, once."""
+        if not restarts or restarts[-1].number in told:
+            return
+        record = restarts[-1] = restarts[-1].model_copy(update={"resumed_step": resumed_step})
+        told.add(record.number)
+        logger.warning("%s", record.describe())
+        with supervisor.log_lock:
+            log_fn(f"[supervisor] {record.describe()}")
+        if on_restart is not None:
+            on_restart(record.number, record.story)
+
     attempt = 0
     try:
         with _sigterm_as_interrupt():
             while True:
                 attempt += 1
-                outcome = supervisor.run_attempt(attempt, plan_tasks(config))
+                outcome = supervisor.run_attempt(attempt, plan_tasks(config), on_resumed=tell)
+                tell(None)  # a restarted group that ended before its chief restored
                 if outcome.kind == "ok":
                     supervisor.fence()
-                    result = supervisor.read_result().model_copy(update={"num_restarts": len(restarts)})
+                    result = supervisor.read_result().model_copy(
+                        update={"num_restarts": len(restarts), "restarts": tuple(restarts)})
                     return LaunchResult(result=result, restarts=tuple(restarts), num_attempts=attempt,
                                         wall_s=time.monotonic() - started)
                 supervisor.fence()
@@ -176,15 +185,14 @@ def launch(
                         f"training failed {attempt} time(s); train.max_restarts ({train.max_restarts}) is used up. "
                         f"Last cause: {outcome.cause}", cause=outcome.cause)
                 delay = train.restart_backoff_s * (2 ** len(restarts))
-                record = RestartRecord(number=len(restarts) + 1, cause=outcome.cause, time=time.time(), delay_s=delay)
+                record = RestartRecord(number=len(restarts) + 1, cause=outcome.cause, time=time.time(), delay_s=delay,
+                                       total_steps=spec.plan.total_steps)
                 restarts.append(record)
                 logger.warning("restart %d of %d in %.1f s: %s", record.number, train.max_restarts, delay,
                                outcome.cause)
                 with supervisor.log_lock:
                     log_fn(f"[supervisor] restart {record.number}/{train.max_restarts} in {delay:.1f} s: "
                            f"{outcome.cause}")
-                if on_restart is not None:
-                    on_restart(record.number, outcome.cause)
                 if deadline is not None and time.monotonic() + delay > deadline:
                     raise LaunchTimeout(
                         f"train.timeout_s ({limit} s) would pass during the restart backoff after: {outcome.cause}")

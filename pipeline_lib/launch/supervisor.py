@@ -1,10 +1,22 @@
 """The supervisor of one launch: runs each attempt's processes, classifies their exits, and a hang watchdog.
 
-Each training process writes a heartbeat (`<heartbeat_dir>/<task>.json`) as it steps. A task whose step has not
-advanced for `train.hang_timeout_s` gets the whole group fenced (every process killed: an all-reduce cannot go on
-without a peer) and the attempt ends retryable. Startup (TensorFlow import, preflight, restore) is not counted
-against `hang_timeout_s`: until a task's first heartbeat it may be silent for `hang_timeout_s + STARTUP_ALLOWANCE_S`.
-`hang_timeout_s` must also exceed the longest checkpoint save with its evaluation (no heartbeat then).
+Each training process writes a heartbeat (`<heartbeat_dir>/<task>.json`) with its step and its phase
+(`training.hooks.Phase`). A task whose heartbeat has not changed (a new step or a new phase) for its phase's
+bound (`phase_bound_s`) gets the whole group fenced (every process killed: an all-reduce cannot go on without a
+peer) and the attempt ends retryable. The bounds, from `train.hang_timeout_s` (H):
+
+- starting (import, preflight, restore): H + STARTUP_ALLOWANCE_S;
+- stepping: H;
+- saving (a checkpoint with its evaluation) and finishing (the final save, the result, the collective shutdown):
+  SLOW_PHASE_FACTOR × H, because each is a whole save and evaluation without a step in between, slowest on a
+  loaded machine, and a finished run must never be fenced for being slow.
+
+A task blocked in a collective waits for its slowest peer (the others' next step waits on the chief's save), so
+the bound that applies is the largest over the group's running tasks: a fence needs a task silent for longer
+than every running task's phase allows.
+
+Once the chief has exited 0 (its result is written) nothing is fenced: the others get the finishing bound (at
+most SHUTDOWN_GRACE_S) to exit, then are ended.
 """
 
 from __future__ import annotations
@@ -30,11 +42,13 @@ from pipeline_lib.launch.processes import (
     start_worker,
 )
 from pipeline_lib.launch.spec import PREEMPTION_EXIT_CODE, RESULT_NAME, WorkerSpec
+from pipeline_lib.training.hooks import Phase
 from pipeline_lib.training.results import TrainResult
 
 logger = logging.getLogger(__name__)
 
 STARTUP_ALLOWANCE_S = 120.0
+SLOW_PHASE_FACTOR = 3.0
 POLL_S = 0.1
 # After a preemption exit the others are finishing the same coordinated checkpoint: let them.
 PREEMPTION_GRACE_S = 60.0
@@ -55,24 +69,69 @@ class AttemptOutcome:
     tail: str = ""
 
 
+def phase_bound_s(phase: Phase, hang_timeout_s: float) -> float:
+    """How long a task may go without a new step or phase in `phase` before it counts as hung (see above)."""
+    if phase == Phase.STARTING:
+        return hang_timeout_s + STARTUP_ALLOWANCE_S
+    if phase == Phase.STEPPING:
+        return hang_timeout_s
+    return SLOW_PHASE_FACTOR * hang_timeout_s
+
+
+def describe_bound(phase: Phase, hang_timeout_s: float) -> str:
+    """The bound of `phase` with the rule it comes from, for a hang's cause."""
+    bound = phase_bound_s(phase, hang_timeout_s)
+    if phase == Phase.STARTING:
+        rule = f"train.hang_timeout_s {hang_timeout_s:g} s + {STARTUP_ALLOWANCE_S:g} s startup allowance"
+    elif phase == Phase.STEPPING:
+        return f"train.hang_timeout_s {hang_timeout_s:g} s"
+    else:
+        rule = f"{SLOW_PHASE_FACTOR:g} × train.hang_timeout_s {hang_timeout_s:g} s"
+    return f"{bound:g} s = {rule}"
+
+
+def group_bound_s(watches: list[HeartbeatWatch], hang_timeout_s: float) -> float:
+    """The silence a running group allows: the largest bound of its tasks' phases (see above)."""
+    return max(phase_bound_s(w.phase, hang_timeout_s) for w in watches)
+
+
 class HeartbeatWatch:
-    """The watchdog's view of one training task's heartbeat: its last step and when that step advanced."""
+    """The watchdog's view of one training task's heartbeat: its step, phase, and when either last changed.
+
+    Before the first heartbeat the task counts as starting. A heartbeat without a phase counts as stepping.
+    """
 
     def __init__(self, path: str, started: float):
         self.path = path
         self.last_step = -1
+        self.phase = Phase.STARTING
+        self.start_step: int | None = None
         self.last_progress = started
         self.has_beaten = False
+        self._key: tuple | None = None
 
     def update(self, now: float) -> None:
         beat = read_heartbeat(self.path)
-        if beat is not None and int(beat.get("step", -1)) > self.last_step:
-            self.last_step = int(beat["step"])
-            self.last_progress = now
-            self.has_beaten = True
+        if beat is None:
+            return
+        try:
+            phase = Phase(beat.get("phase", Phase.STEPPING.value))
+            step = int(beat.get("step", -1))
+            start_step = beat.get("start_step")
+        except (TypeError, ValueError):
+            return
+        key = (phase, step, start_step)
+        if key != self._key:
+            self._key = key
+            self.phase, self.last_step, self.last_progress, self.has_beaten = phase, step, now, True
+            self.start_step = int(start_step) if start_step is not None else None
 
     def silent_for(self, now: float) -> float:
         return now - self.last_progress
+
+    def overdue_s(self, now: float, hang_timeout_s: float) -> float:
+        """How far past its phase's bound the task is (negative: within it)."""
+        return self.silent_for(now) - phase_bound_s(self.phase, hang_timeout_s)
 
 
 class AttemptSupervisor:
@@ -112,8 +171,11 @@ class AttemptSupervisor:
             if fs.exists(path):
                 fs.rm(path, recursive=True)
 
-    def run_attempt(self, number: int, tasks: list[TaskSpec]) -> AttemptOutcome:
+    def run_attempt(self, number: int, tasks: list[TaskSpec],
+                    on_resumed: Callable[[int], None] | None = None) -> AttemptOutcome:
         """Start `tasks` and watch them until the attempt ends; the processes are left for `fence`.
+
+        `on_resumed(step)` is called once, when the chief reports the step it restored (0: a fresh start).
 
         Raises:
             LaunchTimeout: the launch's deadline passed during the attempt.
@@ -128,7 +190,10 @@ class AttemptSupervisor:
         self._watches = watches
         hang_timeout = self.config.train.hang_timeout_s
         chief = next(p for p in self.processes if p.task.cluster.is_chief)
+        chief_watch = watches[chief.task.name]
+        shutdown_grace = min(SHUTDOWN_GRACE_S, phase_bound_s(Phase.FINISHING, hang_timeout))
         chief_done_at: float | None = None
+        resumed_reported = False
         while True:
             now = time.monotonic()
             if self.deadline is not None and now > self.deadline:
@@ -142,32 +207,40 @@ class AttemptSupervisor:
             if codes[chief.task.name] == 0:
                 trainers_done = all(codes[p.task.name] == 0 for p in self.processes if p.task.is_trainer)
                 chief_done_at = chief_done_at if chief_done_at is not None else now
-                if trainers_done or now - chief_done_at > SHUTDOWN_GRACE_S:
+                if trainers_done or now - chief_done_at > shutdown_grace:
                     if not trainers_done:
                         logger.warning("the chief finished but a worker is still running after %.0f s; ending it",
-                                       SHUTDOWN_GRACE_S)
+                                       shutdown_grace)
                     return AttemptOutcome("ok", task=chief.task.name)
-            for name, watch in watches.items():
-                if codes[name] is not None:
-                    continue
+                # The result is written: a worker slow or stuck in its shutdown cannot lose the run.
+                time.sleep(POLL_S)
+                continue
+            running = [w for n, w in watches.items() if codes[n] is None]
+            for watch in running:
                 watch.update(now)
-                limit = hang_timeout if watch.has_beaten else hang_timeout + STARTUP_ALLOWANCE_S
-                if watch.silent_for(now) > limit:
-                    return self._hang(watches, codes, now)
+            if running and any(w.silent_for(now) > group_bound_s(running, hang_timeout) for w in running):
+                return self._hang(watches, codes, now)
+            if not resumed_reported and chief_watch.start_step is not None:
+                resumed_reported = True
+                if on_resumed is not None:
+                    on_resumed(chief_watch.start_step)
             time.sleep(POLL_S)
 
     def _hang(self, watches: dict[str, HeartbeatWatch], codes: dict[str, int | None], now: float) -> AttemptOutcome:
         running = {n: w for n, w in watches.items() if codes[n] is None}
         # One silent peer stalls the whole all-reduce, so every task goes quiet at about the same time (and
-        # heartbeats are throttled): a stopped process is the culprit when there is one, else the oldest beat.
+        # heartbeats are throttled): a stopped process is the culprit when there is one, else the most overdue.
         pids = {p.task.name: p.popen.pid for p in self.processes}
         stopped = [n for n in running if is_stopped(pids[n])]
-        name = stopped[0] if stopped else min(running, key=lambda n: running[n].last_progress)
+        hang_timeout = self.config.train.hang_timeout_s
+        name = stopped[0] if stopped else max(running, key=lambda n: running[n].overdue_s(now, hang_timeout))
         watch = running[name]
-        where = f"after step {watch.last_step}" if watch.has_beaten else "before its first step"
+        where = "before its first step" if watch.phase == Phase.STARTING else f"after step {watch.last_step}"
         state = " (stopped)" if stopped else ""
-        cause = (f"hang: {name}{state} made no progress for {watch.silent_for(now):.1f} s {where} "
-                 f"(train.hang_timeout_s {self.config.train.hang_timeout_s:g} s)")
+        slowest = max(running.values(), key=lambda w: phase_bound_s(w.phase, hang_timeout)).phase
+        cause = (f"hang: {name}{state} made no progress for {watch.silent_for(now):.1f} s {where}, "
+                 f"{watch.phase.value} (bound {describe_bound(slowest, hang_timeout)}"
+                 f"{'' if slowest == watch.phase else f' while a peer was {slowest.value}'})")
         logger.warning("%s; fencing the group", cause)
         return AttemptOutcome("retryable", cause=cause, task=name)
 
@@ -209,7 +282,8 @@ class AttemptSupervisor:
                 continue
             if is_stopped(process.popen.pid):
                 watch = self._watches.get(process.task.name)
-                where = f" after step {watch.last_step}" if watch is not None and watch.has_beaten else ""
+                where = (f" after step {watch.last_step}" if watch is not None and watch.phase != Phase.STARTING
+                         else "")
                 silent = f" for {watch.silent_for(now):.1f} s" if watch is not None else ""
                 return (f"hang: {process.task.name} (stopped) made no progress{silent}{where}; "
                         f"{failed} aborted: {line}")

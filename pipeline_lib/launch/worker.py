@@ -25,7 +25,8 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from pipeline_lib.cluster.info import ClusterInfo, cluster_from_env
 from pipeline_lib.cluster.preflight import run_preflight
@@ -38,6 +39,7 @@ from pipeline_lib.launch.spec import (
     FAULT_ENV,
     PARENT_PID_ENV,
     PREEMPTION_EXIT_CODE,
+    RESULT_FAULT_POINT,
     RESULT_NAME,
     USER_ERROR_EXIT_CODE,
     USER_ERROR_PREFIX,
@@ -48,24 +50,53 @@ from pipeline_lib.tracking.sinks import create_sink
 from pipeline_lib.training import loop as training
 from pipeline_lib.training import strategy as strategies
 from pipeline_lib.training.errors import TrainingInterrupted
+from pipeline_lib.training.hooks import Phase, TrainHooks
 from pipeline_lib.training.results import TrainResult
 
 logger = logging.getLogger(__name__)
 
 
-class WorkerHooks:
-    """The training loop's hooks in a worker: heartbeats, an optional step fault (tests) and SIGTERM as a stop."""
+class FaultHooks(Protocol):
+    """What the test-only fault injector (`pipeline_lib.testing.faults.FaultInjector`) is called with."""
 
-    def __init__(self, heartbeat: Heartbeat | None, step_fault_fn: Callable[[int], None] | None = None):
+    def on_step_end(self, step: int) -> None: ...
+
+    def on_phase(self, phase: str, step: int) -> None: ...
+
+
+class WorkerHooks(TrainHooks):
+    """The training loop's hooks in a worker: heartbeats with the phase, optional faults (tests), SIGTERM as a stop."""
+
+    def __init__(self, heartbeat: Heartbeat | None, faults: FaultHooks | None = None):
         self.heartbeat = heartbeat
-        self.step_fault_fn = step_fault_fn
+        self.faults = faults
         self.preempted = False
+
+    def on_restored(self, step: int) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.start_step = step
+            self.heartbeat.beat(step, 0, phase=Phase.STARTING, force=True)
+        if self.faults is not None:
+            self.faults.on_phase(Phase.STARTING.value, step)
 
     def on_step_end(self, step: int, examples: int, loss: float) -> None:
         if self.heartbeat is not None:
             self.heartbeat.beat(step, examples, force=step == 1)
-        if self.step_fault_fn is not None:
-            self.step_fault_fn(step)
+        if self.faults is not None:
+            self.faults.on_step_end(step)
+
+    def on_phase(self, phase: Phase, step: int) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.beat(step, 0, phase=phase)
+        if self.faults is not None:
+            self.faults.on_phase(phase.value, step)
+
+    def before_result(self, step: int) -> None:
+        """Training returned (the final checkpoint is saved) and the result is not written yet: a fault point."""
+        if self.heartbeat is not None:
+            self.heartbeat.beat(step, 0, phase=Phase.FINISHING, force=True)
+        if self.faults is not None:
+            self.faults.on_phase(RESULT_FAULT_POINT, step)
 
     def stop_requested(self) -> bool:
         return self.preempted
@@ -95,9 +126,8 @@ def _die_with_parent() -> None:
         os._exit(PREEMPTION_EXIT_CODE)
 
 
-def _create_step_fault_fn(spec: WorkerSpec, config: PipelineConfig, cluster: ClusterInfo
-                          ) -> Callable[[int], None] | None:
-    """Test-only: the fault injector's step hook when TFDAG_FAULT names a fault for this worker, else None.
+def _create_fault_hooks(spec: WorkerSpec, config: PipelineConfig, cluster: ClusterInfo) -> FaultHooks | None:
+    """Test-only: the fault injector when TFDAG_FAULT names a fault for this worker, else None.
 
     Raises:
         FaultSpecError: when TFDAG_FAULT is set but malformed.
@@ -111,7 +141,7 @@ def _create_step_fault_fn(spec: WorkerSpec, config: PipelineConfig, cluster: Clu
     if injector is None:
         return None
     injector.install_save_hook()
-    return injector.on_step_end
+    return injector
 
 
 def _write_result(run_dir: str, result: TrainResult, storage_options: dict) -> None:
@@ -130,15 +160,19 @@ def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None) -> int:
     config = spec.pipeline_config()
     # Before any TensorFlow op: logical devices cannot be split once the runtime is up.
     strategies.configure_devices(config.train)
+    # STARTING from here to the first step: the watchdog gives it hang_timeout_s plus the startup allowance.
+    heartbeat = None if is_server_task(config, cluster) else Heartbeat(spec.heartbeat_dir, cluster)
+    if heartbeat is not None:
+        heartbeat.beat(0, 0, force=True)
     manifest = load_manifest(spec.dataset_uri, config.storage_options)
     if config.preflight.enabled:
         run_preflight(spec.run_dir, cluster, config.config_hash(), manifest.content_hash(), config.preflight.timeout_s,
                       storage_options=config.storage_options)
-    if is_server_task(config, cluster):
+    if heartbeat is None:
         # The server blocks inside C++; SIGTERM keeps its default action (exit 143, retryable).
         training.run_server(cluster)
         return 0
-    hooks = WorkerHooks(Heartbeat(spec.heartbeat_dir, cluster), _create_step_fault_fn(spec, config, cluster))
+    hooks = WorkerHooks(heartbeat, _create_fault_hooks(spec, config, cluster))
     choice = strategies.create_strategy(config.train, cluster)
     # After the strategy: MultiWorkerMirrored's coordination service installs a C++ SIGTERM notifier
     # that would otherwise replace Python's handler.
@@ -152,8 +186,7 @@ def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None) -> int:
         print(f"tfdag worker | {cluster.name} preempted at step {stop.step}; checkpoint {stop.checkpoint_path}; "
               f"exiting with {PREEMPTION_EXIT_CODE} (retryable)", flush=True)
         return PREEMPTION_EXIT_CODE
-    if hooks.heartbeat is not None:
-        hooks.heartbeat.beat(result.final_step, 0, force=True)
+    hooks.before_result(result.final_step)
     if cluster.is_chief:
         _write_result(spec.run_dir, result, config.storage_options)
     logger.info("%s finished at step %d", cluster.name, result.final_step)

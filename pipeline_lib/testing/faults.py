@@ -1,7 +1,7 @@
 """Test-only fault injection into worker processes, driven by the TFDAG_FAULT environment variable.
 
 `TFDAG_FAULT` names one fault, or several separated by commas, each of the form
-`ACTION:worker=N[:step=S]`:
+`ACTION:worker=N[:step=S|:phase=P][:seconds=T]`:
 
 - `kill:worker=1:step=30`: worker 1 sends itself SIGKILL after step 30 (a lost worker).
 - `stop:worker=1:step=30`: worker 1 sends itself SIGSTOP after step 30 (a hang: alive but silent).
@@ -10,6 +10,10 @@
 - `kill_during_save:worker=0[:step=20]`: worker 0 sends itself SIGKILL inside a checkpoint save, after the
   checkpoint's data and index files are written but before its manifest; at the first save of a step ≥ S, or
   without `step`, at the second save of the process (so a previous checkpoint exists).
+- `stop:worker=0:phase=finishing`: any action but kill_during_save may fire when the worker enters a phase
+  (`starting` is entered after the restore; `saving`, `stepping`, `finishing`) instead of after a step, or at
+  `phase=result`: after the final checkpoint is saved, before the result is written.
+- `sleep:worker=0:phase=finishing:seconds=7`: worker 0 sleeps 7 s there (a slow phase, not a hang).
 
 `worker` is the index among the training workers, the chief first (`ClusterInfo.worker_index`); under
 parameter_server only the chief runs the step loop, so only `worker=0` fires there. A fault fires once per
@@ -26,18 +30,22 @@ import os
 import posixpath
 import re
 import signal
+import time
 from collections.abc import Mapping
 
 from pipeline_lib.core import storage
 from pipeline_lib.core.errors import TfdagError, UserError
-from pipeline_lib.launch.spec import FAULT_ENV
+from pipeline_lib.launch.spec import FAULT_ENV, RESULT_FAULT_POINT
+from pipeline_lib.training.hooks import Phase
 
 logger = logging.getLogger(__name__)
 
-ACTIONS = ("kill", "stop", "term", "raise", "kill_during_save")
+ACTIONS = ("kill", "stop", "term", "raise", "sleep", "kill_during_save")
 MARKER_DIR = ".faults"
+_POINTS = (*(p.value for p in Phase), RESULT_FAULT_POINT)
 _FORMS = ("kill:worker=N:step=S, stop:worker=N:step=S, term:worker=N:step=S, raise:worker=N:step=S, "
-          "kill_during_save:worker=N[:step=S]")
+          "sleep:worker=N:step=S:seconds=T, kill_during_save:worker=N[:step=S]; phase=P (one of "
+          f"{', '.join(_POINTS)}) in place of step=S")
 _CKPT_STEP = re.compile(r"ckpt-(\d+)$")
 
 
@@ -51,15 +59,17 @@ class FaultInjected(TfdagError, RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
-    """One fault: what to do, in which worker, after which step (None: see `kill_during_save`)."""
+    """One fault: what to do, in which worker, after which step (None: see `kill_during_save`) or at which phase."""
 
     action: str
     worker: int
     step: int | None = None
+    phase: str | None = None
+    seconds: int = 0
 
     @property
     def marker_name(self) -> str:
-        return f"{self.action}-worker{self.worker}"
+        return f"{self.action}-worker{self.worker}" + (f"-{self.phase}" if self.phase else "")
 
 
 def parse_faults(text: str | None, source: str = FAULT_ENV) -> tuple[Fault, ...]:
@@ -78,18 +88,23 @@ def parse_faults(text: str | None, source: str = FAULT_ENV) -> tuple[Fault, ...]
         if action not in ACTIONS:
             raise FaultSpecError(f"{source} fault {part!r}: unknown action {action!r}; allowed forms: {_FORMS}")
         values: dict[str, int] = {}
+        phase = None
         for field in fields:
             key, sep, raw = field.partition("=")
-            if not sep or key not in ("worker", "step") or not raw.isdigit():
+            if key == "phase" and raw in _POINTS:
+                phase = raw
+                continue
+            if not sep or key not in ("worker", "step", "seconds") or not raw.isdigit():
                 raise FaultSpecError(
-                    f"{source} fault {part!r}: {field!r} is not worker=N or step=S (N, S ≥ 0 integers); "
-                    f"allowed forms: {_FORMS}")
+                    f"{source} fault {part!r}: {field!r} is not worker=N, step=S, seconds=T (N, S, T ≥ 0 integers) "
+                    f"or phase=P; allowed forms: {_FORMS}")
             values[key] = int(raw)
         if "worker" not in values:
             raise FaultSpecError(f"{source} fault {part!r} has no worker=N; allowed forms: {_FORMS}")
-        if action != "kill_during_save" and "step" not in values:
-            raise FaultSpecError(f"{source} fault {part!r} has no step=S; allowed forms: {_FORMS}")
-        faults.append(Fault(action=action, worker=values["worker"], step=values.get("step")))
+        if action != "kill_during_save" and ("step" in values) == (phase is not None):
+            raise FaultSpecError(f"{source} fault {part!r} needs either step=S or phase=P; allowed forms: {_FORMS}")
+        faults.append(Fault(action=action, worker=values["worker"], step=values.get("step"), phase=phase,
+                            seconds=values.get("seconds", 0)))
     return tuple(faults)
 
 
@@ -128,6 +143,8 @@ class FaultInjector:
             os.kill(os.getpid(), signal.SIGSTOP)
         elif fault.action == "term":
             os.kill(os.getpid(), signal.SIGTERM)
+        elif fault.action == "sleep":
+            time.sleep(fault.seconds)
         elif fault.action == "raise":
             raise FaultInjected(f"TFDAG_FAULT raise:worker={fault.worker}:step={fault.step} fired {where}")
 
@@ -136,6 +153,12 @@ class FaultInjector:
         for fault in self.faults:
             if fault.action != "kill_during_save" and fault.step is not None and step >= fault.step:
                 self._fire(fault, f"after step {step}")
+
+    def on_phase(self, phase: str, step: int) -> None:
+        """Fire the faults of `phase`, which the worker enters at `step`."""
+        for fault in self.faults:
+            if fault.phase == phase and fault.action != "kill_during_save":
+                self._fire(fault, f"entering phase {phase} at step {step}")
 
     def on_checkpoint_written(self, prefix: str) -> None:
         """Fire a kill_during_save fault: called after a checkpoint's files are written, before its manifest."""

@@ -7,10 +7,10 @@ import math
 from collections.abc import Callable, Sequence
 
 from pipeline_lib.checkpoints import layout
-from pipeline_lib.checkpoints.records import CheckpointRecord
+from pipeline_lib.checkpoints.records import TRAIN_LOSS_METRIC, CheckpointRecord
 from pipeline_lib.config import TrainConfig
 from pipeline_lib.training.errors import TrainingInterrupted
-from pipeline_lib.training.hooks import TrainHooks
+from pipeline_lib.training.hooks import Phase, TrainHooks
 from pipeline_lib.training.progress import ProgressLogger, current_learning_rate
 from pipeline_lib.training.setup import TrainingState
 
@@ -24,16 +24,21 @@ class LoopController:
     `after_execution` calls the step hooks, logs, checkpoints and honours a stop request; `finish` saves the
     last step. A checkpoint is evaluated (chief) after `store.save` writes it and then published; `before_save`
     runs first (the parameter-server coordinator's join, so the saved variables hold every scheduled step).
+    The hooks hear each phase change: SAVING around a checkpoint, FINISHING from the last step on.
+
+    A run restored at its last step trains nothing: its loss is `restored_loss`, the one its checkpoint recorded.
     """
 
     def __init__(self, train_config: TrainConfig, total_steps: int, global_batch: int, state: TrainingState,
                  hooks: TrainHooks, progress: ProgressLogger, evaluate: Callable[[], dict[str, float]] | None,
-                 before_save: Callable[[], None] | None = None):
+                 before_save: Callable[[], None] | None = None, restored_loss: float = float("nan")):
         self.config, self.total_steps, self.global_batch = train_config, total_steps, global_batch
         self.state, self.hooks, self.progress = state, hooks, progress
         self.evaluate, self.before_save = evaluate, before_save
-        self.step, self.last_loss = state.start_step, float("nan")
+        # The loss the restored checkpoint recorded, until a step runs.
+        self.step, self.last_loss = state.start_step, restored_loss
         self._last_saved = state.start_step if state.start_step else -1
+        self._phase = Phase.STARTING
 
     def steps_to_next(self, limit: int) -> int:
         """Steps to run next: at most `limit`, and none past the next log or checkpoint step or the end."""
@@ -43,6 +48,7 @@ class LoopController:
 
     def after_execution(self, losses: Sequence[float], stop_requested: Callable[[], bool]) -> None:
         """Account for `losses`, one per step just run; raises TrainingInterrupted on a stop request."""
+        self._enter(Phase.STEPPING)
         for offset, loss in enumerate(losses):
             self.hooks.on_step_end(self.step + offset + 1, self.global_batch, float(loss))
         self.step += len(losses)
@@ -53,17 +59,26 @@ class LoopController:
         if step % self.config.log_every_steps == 0 or step == self.total_steps:
             self.progress.log(step, self.last_loss, current_learning_rate(self.state.optimizer))
             self._upload_tensorboard(flush=True)
-        if step % self.config.checkpoint_every_steps == 0 or step == self.total_steps:
+        if step == self.total_steps:
+            self.finish()
+            return
+        if step % self.config.checkpoint_every_steps == 0:
             self._save_checkpoint(step)
-        if step < self.total_steps and stop_requested():
+        if stop_requested():
             record = self._save_checkpoint(step) if self._last_saved != step else None
             raise TrainingInterrupted(step, record.path if record is not None else
                                       layout.prefix_for(self.state.run_storage.local_checkpoint_dir, step))
 
     def finish(self) -> None:
-        """Save the last step unless it is saved already."""
+        """Enter the FINISHING phase and save the last step unless it is saved already."""
+        self._enter(Phase.FINISHING)
         if self._last_saved != self.step:
             self._save_checkpoint(self.step)
+
+    def _enter(self, phase: Phase) -> None:
+        if phase != self._phase:
+            self._phase = phase
+            self.hooks.on_phase(phase, self.step)
 
     def close(self) -> None:
         """Close the progress writers and upload the last TensorBoard files (a remote run's chief)."""
@@ -71,18 +86,24 @@ class LoopController:
         self._upload_tensorboard(flush=False)
 
     def _save_checkpoint(self, at_step: int) -> CheckpointRecord | None:
+        # The final save belongs to FINISHING; any other is SAVING, and stepping resumes after it.
+        resume = self._phase
+        if resume != Phase.FINISHING:
+            self._enter(Phase.SAVING)
         if self.before_save is not None:
             self.before_save()
         self.state.step_var.assign(at_step)
+        train_loss = self.last_loss
 
         def measure() -> dict[str, float]:
             metrics = self.evaluate() if self.evaluate is not None else {}
             self.progress.log_eval(at_step, metrics)
-            return metrics
+            return {**metrics, TRAIN_LOSS_METRIC: train_loss} if math.isfinite(train_loss) else metrics
 
         record = self.state.store.save(at_step, metrics_fn=measure)
         self._publish_to_run_dir(record)
         self._last_saved = at_step
+        self._enter(resume)
         return record
 
     def _publish_to_run_dir(self, record: CheckpointRecord | None) -> None:

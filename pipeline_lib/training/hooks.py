@@ -1,8 +1,22 @@
-"""The small interfaces the training loop calls out through: a metrics sink and step hooks."""
+"""The small interfaces the training loop calls out through: a metrics sink, step hooks and the phases of a task."""
 
 from __future__ import annotations
 
+import enum
 from typing import Protocol
+
+
+class Phase(enum.StrEnum):
+    """Where a training task is; the watchdog bounds each phase's silence separately.
+
+    STARTING: import, preflight and restore. STEPPING: running steps. SAVING: a checkpoint with its evaluation.
+    FINISHING: after the last step: the final save, the result and the collective shutdown.
+    """
+
+    STARTING = "starting"
+    STEPPING = "stepping"
+    SAVING = "saving"
+    FINISHING = "finishing"
 
 
 class MetricsSink(Protocol):
@@ -26,12 +40,20 @@ class NullSink:
 class TrainHooks:
     """Callbacks the loop calls at step boundaries; the defaults do nothing.
 
+    `on_restored(step)` gets the step the run resumes from (0 for a fresh run), before the first step.
     `on_step_end(step, examples, loss)` gets the global step just finished, the examples of that
-    step over all replicas, and its loss. `stop_requested()` is polled between executions; when
+    step over all replicas, and its loss. `on_phase(phase, step)` is called when the task enters another
+    `Phase` (a save, back to stepping, the finish). `stop_requested()` is polled between executions; when
     it returns True (on any worker) the loop saves a checkpoint and raises TrainingInterrupted.
     """
 
+    def on_restored(self, step: int) -> None:
+        pass
+
     def on_step_end(self, step: int, examples: int, loss: float) -> None:
+        pass
+
+    def on_phase(self, phase: Phase, step: int) -> None:
         pass
 
     def stop_requested(self) -> bool:

@@ -8,11 +8,13 @@ function (`step`) and the work between executions (`controller`).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 
 import tensorflow as tf
 
+from pipeline_lib.checkpoints.records import TRAIN_LOSS_METRIC
 from pipeline_lib.cluster.info import ClusterInfo, cluster_from_env
 from pipeline_lib.config import PipelineConfig, Strategy, Task
 from pipeline_lib.data.manifest import Manifest
@@ -26,6 +28,7 @@ from pipeline_lib.training.hooks import MetricsSink, NullSink, TrainHooks
 from pipeline_lib.training.progress import ProgressLogger
 from pipeline_lib.training.results import TrainResult
 from pipeline_lib.training.setup import (
+    TrainingState,
     create_training_state,
     seed_everything,
     synchronous_global_batch,
@@ -95,13 +98,16 @@ def train(
     else:
         global_batch = synchronous_global_batch(plan, choice, config)
     state = create_training_state(config, manifest, plan, run_dir, cluster, choice)
+    hooks.on_restored(state.start_step)
     train_step = create_train_step(choice.strategy, state.model, state.optimizer, config.model.task, global_batch,
                                    train_config.mixed_precision)
     evaluate = Evaluator(state.model, manifest, config.model.task) if cluster.is_chief else None
     progress = ProgressLogger(cluster.is_chief, state.run_storage.local_tensorboard_dir, sink, global_batch,
                               state.start_step)
+    restored = state.restored.metrics if state.restored is not None else {}
     controller = LoopController(train_config, plan.total_steps, global_batch, state, hooks, progress, evaluate,
-                                before_save=coordinator.join if coordinator is not None else None)
+                                before_save=coordinator.join if coordinator is not None else None,
+                                restored_loss=restored.get(TRAIN_LOSS_METRIC, math.nan))
     try:
         if coordinator is None:
             dataset_fn = epochs.create_synchronous_dataset_fn(manifest, plan, train_config, choice.num_replicas,
@@ -115,6 +121,7 @@ def train(
     finally:
         controller.close()
 
+    _check_final_loss(controller, state)
     run_storage = state.run_storage
     return TrainResult(
         run_dir=run_dir,
@@ -140,6 +147,20 @@ def train(
         start_step=state.start_step,
         is_chief=cluster.is_chief,
     )
+
+
+def _check_final_loss(controller: LoopController, state: TrainingState) -> None:
+    """A run restored at its final step trains nothing and reports its checkpoint's train loss.
+
+    Raises:
+        TrainingError: naming the checkpoint when it recorded no train loss (saved by an older tfdag).
+    """
+    if state.restored is None or controller.step != state.start_step or math.isfinite(controller.last_loss):
+        return
+    raise TrainingError(
+        f"the run resumed at its final step from checkpoint {state.restored.path}, whose manifest records no "
+        f"{TRAIN_LOSS_METRIC} to report as the final loss (saved by an older tfdag); raise train.steps to train on "
+        "from it, or use a fresh run_dir")
 
 
 def _check_coordinator(cluster: ClusterInfo, config: PipelineConfig) -> None:

@@ -1,10 +1,42 @@
-"""What training reports: the TrainResult every worker returns."""
+"""What training reports: the TrainResult every worker returns, with the launcher's restart story."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
 from pipeline_lib.checkpoints.records import CheckpointRecord
+
+
+class RestartRecord(BaseModel):
+    """One restart of the whole group: its number (1-based), why, when (UNIX time), and the step it resumed from.
+
+    `resumed_step` is what the restarted group's chief restored (0: no checkpoint yet), None when that group
+    failed before it restored.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    number: int
+    cause: str
+    time: float
+    delay_s: float
+    total_steps: int
+    resumed_step: int | None = None
+
+    @property
+    def story(self) -> str:
+        """The cause and where the restart resumed: `worker 0 killed by SIGKILL; resumed at step 20 of 40`."""
+        if self.resumed_step is None:
+            return f"{self.cause}; the restarted group failed before it restored a checkpoint"
+        if self.resumed_step == 0:
+            return f"{self.cause}; no checkpoint yet: started again at step 0 of {self.total_steps}"
+        if self.resumed_step == self.total_steps:
+            return (f"{self.cause}; resumed at step {self.resumed_step} of {self.total_steps}, the final step: "
+                    "nothing left to train, the result comes from its checkpoint")
+        return f"{self.cause}; resumed at step {self.resumed_step} of {self.total_steps}"
+
+    def describe(self) -> str:
+        return f"restart {self.number}: {self.story}"
 
 
 class TrainResult(BaseModel):
@@ -30,6 +62,7 @@ class TrainResult(BaseModel):
     checkpoints: tuple[CheckpointRecord, ...]
     tensorboard_dir: str
     num_restarts: int = 0
+    restarts: tuple[RestartRecord, ...] = ()  # filled in by the launcher
     examples_per_sec: float = 0.0
     wall_s: float = 0.0
     start_step: int = 0  # the step restored from a checkpoint (0 for a fresh run)

@@ -9,6 +9,7 @@ import keras
 import tensorflow as tf
 
 from pipeline_lib.checkpoints import selection
+from pipeline_lib.checkpoints.records import CheckpointRecord
 from pipeline_lib.checkpoints.run_storage import RunStorage
 from pipeline_lib.checkpoints.store import CheckpointStore
 from pipeline_lib.cluster.info import ClusterInfo
@@ -36,6 +37,7 @@ class TrainingState:
     store: CheckpointStore
     run_storage: RunStorage
     start_step: int  # 0 for a fresh run
+    restored: CheckpointRecord | None = None  # the checkpoint restored, None for a fresh run
 
 
 def seed_everything(train_config: TrainConfig) -> None:
@@ -85,14 +87,18 @@ def create_training_state(config: PipelineConfig, manifest: Manifest, plan: Shar
     best_metric, best_direction = selection.selection_metric(config)
     store = CheckpointStore(run_storage.local_checkpoint_dir, checkpoint, cluster=cluster,
                             keep=config.train.keep_checkpoints, best_metric=best_metric, best_direction=best_direction)
-    start_step = _restore(store, checkpoint, model, choice, config, run_storage)
+    restored = _restore(store, checkpoint, model, choice, config, run_storage)
+    start_step = int(checkpoint.step.numpy()) if restored is not None else 0
     if start_step > plan.total_steps:
         raise TrainingError(f"the checkpoint in {run_storage.local_checkpoint_dir} is at step {start_step}, past the "
                             f"plan's total_steps ({plan.total_steps}); use a fresh run_dir or raise train.steps")
-    if start_step:
+    if restored is not None and start_step == plan.total_steps:
+        logger.info("resuming at step %d of %d: the final step, nothing left to train; the result comes from "
+                    "checkpoint %s", start_step, plan.total_steps, restored.path)
+    elif start_step:
         logger.info("resuming at step %d of %d", start_step, plan.total_steps)
     return TrainingState(model=model, optimizer=optimizer, step_var=step_var, checkpoint=checkpoint, store=store,
-                         run_storage=run_storage, start_step=start_step)
+                         run_storage=run_storage, start_step=start_step, restored=restored)
 
 
 def _create_optimizer(config: PipelineConfig, learning_rate, mixed_precision: bool) -> keras.optimizers.Optimizer:
@@ -133,15 +139,16 @@ def _create_variables(config: PipelineConfig, manifest: Manifest, choice: strate
 
 
 def _restore(store: CheckpointStore, checkpoint: tf.train.Checkpoint, model: keras.Model,
-             choice: strategies.StrategyChoice, config: PipelineConfig, run_storage: RunStorage) -> int:
+             choice: strategies.StrategyChoice, config: PipelineConfig, run_storage: RunStorage
+             ) -> CheckpointRecord | None:
     # A remote run resumes from what the chief published, the same on every worker.
     run_storage.prepare_restore()
     # Checkpoint restoring should be inside scope (b/139450638).
     with choice.strategy.scope():
         record = store.restore_latest()
         if record is not None:
-            return int(checkpoint.step.numpy())
+            return record
         if config.train.warm_start_uri:
             tf.train.Checkpoint(model=model).read(config.train.warm_start_uri).assert_existing_objects_matched()
             logger.info("warm start: model weights from %s", config.train.warm_start_uri)
-    return 0
+    return None

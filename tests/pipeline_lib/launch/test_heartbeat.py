@@ -7,6 +7,7 @@ import os
 
 from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.launch.heartbeat import Heartbeat, heartbeat_name, read_heartbeat
+from pipeline_lib.training.hooks import Phase
 
 
 def test_heartbeat_writes_at_most_every_interval(tmp_path):
@@ -18,7 +19,9 @@ def test_heartbeat_writes_at_most_every_interval(tmp_path):
     assert content["step"] == 1 and content["task"] == "worker 1" and content["pid"] == os.getpid()
     beat.beat(3, 32, force=True)
     content = read_heartbeat(str(tmp_path / "worker-1.json"))
-    assert content["step"] == 3 and content["examples"] == 96
+    assert content["step"] == 3 and content["examples"] == 96 and content["phase"] == "starting"
+    beat.beat(3, 0, phase=Phase.SAVING)  # a phase change is written inside the interval
+    assert read_heartbeat(str(tmp_path / "worker-1.json"))["phase"] == "saving"
     assert read_heartbeat(str(tmp_path / "missing.json")) is None
 
 

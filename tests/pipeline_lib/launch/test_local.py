@@ -120,11 +120,14 @@ def test_sigkill_of_the_chief_mid_epoch_restarts_and_finishes_exactly_total_step
     calls, on_restart = _restarts()
     logs = LogCapture()
     outcome = launch(spec, config, log_fn=logs, on_restart=on_restart, env={"TFDAG_FAULT": "kill:worker=0:step=23"})
-    assert calls == [(1, "worker 0 killed by SIGKILL")]
+    # One story per restart: its cause and the step it resumed from, told once the group has restored.
+    assert calls == [(1, "worker 0 killed by SIGKILL; resumed at step 20 of 40")]
     assert [r.cause for r in outcome.restarts] == ["worker 0 killed by SIGKILL"] and outcome.num_attempts == 2
     result = outcome.result
     assert result.start_step == 20 and result.final_step == 40 and result.num_restarts == 1
+    assert [r.resumed_step for r in result.restarts] == [20]
     assert "resuming at step 20 of 40" in logs.text
+    assert "[supervisor] restart 1: worker 0 killed by SIGKILL; resumed at step 20 of 40" in logs.text
 
 
 @pytest.mark.slow
@@ -132,13 +135,7 @@ def test_sigstop_hang_is_detected_within_the_timeout_and_restarted(tmp_path, dat
     hang_timeout = 8.0
     config, spec, _ = _setup(tmp_path, dataset, steps=30, workers=2, per_replica_batch_size=16,
                              hang_timeout_s=hang_timeout)
-    times: list[float] = []
-    calls, record = _restarts()
-
-    def on_restart(n, cause):
-        times.append(time.monotonic())
-        record(n, cause)
-
+    calls, on_restart = _restarts()
     logs = LogCapture()
     outcome = launch(spec, config, log_fn=logs, on_restart=on_restart, env={"TFDAG_FAULT": "stop:worker=1:step=15"})
     assert len(calls) == 1
@@ -148,7 +145,7 @@ def test_sigstop_hang_is_detected_within_the_timeout_and_restarted(tmp_path, dat
     assert cause.startswith("hang: worker 1 (stopped) made no progress"), cause
     stopped_at = logs.first_time("stop fires in worker 1")
     assert stopped_at is not None
-    detected_after = times[0] - stopped_at
+    detected_after = logs.first_time("[supervisor] restart 1/") - stopped_at
     assert detected_after <= hang_timeout + 10.0, detected_after
     assert outcome.result.final_step == 30 and outcome.result.start_step == 10
 
@@ -209,7 +206,7 @@ def test_restarts_exhausted_names_the_last_cause(tmp_path, dataset):
     with pytest.raises(RestartsExhausted) as error:
         launch(spec, config, log_fn=LogCapture(), on_restart=on_restart,
                env={"TFDAG_FAULT": "kill:worker=0:step=5,stop:worker=0:step=8"})
-    assert calls == [(1, "worker 0 killed by SIGKILL")]
+    assert calls == [(1, "worker 0 killed by SIGKILL; no checkpoint yet: started again at step 0 of 40")]
     assert error.value.cause.startswith("hang: worker 0 (stopped) made no progress")
     message = str(error.value)
     assert "train.max_restarts (1) is used up" in message and "Last cause: hang: worker 0 (stopped)" in message

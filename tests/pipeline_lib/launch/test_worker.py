@@ -15,6 +15,7 @@ from pipeline_lib.launch import worker
 from pipeline_lib.launch.heartbeat import Heartbeat, read_heartbeat
 from pipeline_lib.launch.spec import PREEMPTION_EXIT_CODE, WorkerSpec
 from pipeline_lib.launch.worker import WorkerHooks
+from pipeline_lib.training.hooks import Phase
 from pipeline_lib.training.results import TrainResult
 from tests.pipeline_lib.launch_support import (
     REPO_ROOT,
@@ -31,7 +32,7 @@ def dataset(tmp_path_factory):
 
 
 def test_sigterm_becomes_a_stop_request():
-    hooks = WorkerHooks(heartbeat=None, step_fault_fn=None)
+    hooks = WorkerHooks(heartbeat=None, faults=None)
     previous = signal.getsignal(signal.SIGTERM)
     try:
         hooks.install_sigterm()
@@ -42,14 +43,32 @@ def test_sigterm_becomes_a_stop_request():
         signal.signal(signal.SIGTERM, previous)
 
 
-def test_step_hooks_beat_and_call_the_step_fault(tmp_path):
+class _Faults:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def on_step_end(self, step: int) -> None:
+        self.calls.append(("step", step))
+
+    def on_phase(self, phase: str, step: int) -> None:
+        self.calls.append((phase, step))
+
+
+def test_step_hooks_beat_with_the_phase_and_call_the_faults(tmp_path):
     cluster = ClusterInfo(task_type="worker", task_index=1, cluster={"worker": ("a:1", "b:2")})
-    steps: list[int] = []
-    hooks = WorkerHooks(Heartbeat(str(tmp_path), cluster, interval_s=3600), step_fault_fn=steps.append)
+    faults = _Faults()
+    hooks = WorkerHooks(Heartbeat(str(tmp_path), cluster, interval_s=3600), faults=faults)
+    path = str(tmp_path / "worker-1.json")
+    hooks.on_restored(0)
+    assert read_heartbeat(path)["phase"] == "starting" and read_heartbeat(path)["start_step"] == 0
+    hooks.on_phase(Phase.STEPPING, 0)
     hooks.on_step_end(1, 32, 0.5)
     hooks.on_step_end(2, 32, 0.4)
-    assert steps == [1, 2]
-    assert read_heartbeat(str(tmp_path / "worker-1.json"))["step"] == 1  # step 1 forced, step 2 throttled
+    assert read_heartbeat(path)["step"] == 1  # step 1 forced, step 2 throttled
+    hooks.on_phase(Phase.FINISHING, 2)  # a phase change is always written
+    beat = read_heartbeat(path)
+    assert beat["phase"] == "finishing" and beat["step"] == 2
+    assert faults.calls == [("starting", 0), ("stepping", 0), ("step", 1), ("step", 2), ("finishing", 2)]
 
 
 def test_fault_injection_loads_test_support_only_when_tfdag_fault_is_set(tmp_path, monkeypatch, dataset):
@@ -58,15 +77,15 @@ def test_fault_injection_loads_test_support_only_when_tfdag_fault_is_set(tmp_pat
     for name in ("pipeline_lib.testing", "pipeline_lib.testing.faults"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     monkeypatch.delenv("TFDAG_FAULT", raising=False)
-    assert worker._create_step_fault_fn(spec, config, ClusterInfo()) is None
+    assert worker._create_fault_hooks(spec, config, ClusterInfo()) is None
     assert "pipeline_lib.testing.faults" not in sys.modules
     monkeypatch.setenv("TFDAG_FAULT", "raise:worker=1:step=3")
-    assert worker._create_step_fault_fn(spec, config, ClusterInfo()) is None  # worker 0: not its fault
+    assert worker._create_fault_hooks(spec, config, ClusterInfo()) is None  # worker 0: not its fault
     monkeypatch.setenv("TFDAG_FAULT", "raise:worker=0:step=3")
-    step_fault_fn = worker._create_step_fault_fn(spec, config, ClusterInfo())
-    step_fault_fn(2)
+    faults = worker._create_fault_hooks(spec, config, ClusterInfo())
+    faults.on_step_end(2)
     with pytest.raises(sys.modules["pipeline_lib.testing.faults"].FaultInjected, match="raise:worker=0:step=3"):
-        step_fault_fn(3)
+        faults.on_step_end(3)
 
 
 def test_server_tasks_only_under_parameter_server(tmp_path):
@@ -107,7 +126,8 @@ def test_single_worker_process_trains_and_writes_result(tmp_path, dataset):
     assert result.final_step == 12 and result.is_chief and result.start_step == 0
     assert [c.step for c in result.checkpoints] == [10, 12]
     beat = read_heartbeat(os.path.join(spec.heartbeat_dir, "worker-0.json"))
-    assert beat["step"] == 12 and beat["examples"] == 12 * 32
+    assert beat["step"] == 12 and beat["examples"] == 12 * 32 and beat["phase"] == "finishing"
+    assert beat["start_step"] == 0
 
 
 @pytest.mark.slow

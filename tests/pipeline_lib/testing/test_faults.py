@@ -30,14 +30,18 @@ def test_parse_every_documented_form():
         Fault("kill", 1, 30), Fault("stop", 1, 30), Fault("term", 0, 20), Fault("raise", 1, 10),
         Fault("kill_during_save", 0, None), Fault("kill_during_save", 0, 20),
     )
+    assert parse_faults("stop:worker=0:phase=finishing,sleep:worker=1:phase=saving:seconds=7") == (
+        Fault("stop", 0, phase="finishing"), Fault("sleep", 1, phase="saving", seconds=7))
     assert parse_faults(None) == () and parse_faults("  ") == ()
 
 
 @pytest.mark.parametrize("text, fragment", [
     ("explode:worker=1:step=3", "unknown action 'explode'"),
-    ("kill:worker=one:step=3", "'worker=one' is not worker=N or step=S"),
+    ("kill:worker=one:step=3", "'worker=one' is not worker=N, step=S"),
     ("kill:step=3", "has no worker=N"),
-    ("stop:worker=1", "has no step=S"),
+    ("stop:worker=1", "needs either step=S or phase=P"),
+    ("stop:worker=1:step=3:phase=saving", "needs either step=S or phase=P"),
+    ("stop:worker=1:phase=resting", "'phase=resting' is not worker=N"),
     ("kill:worker=1:when=3", "'when=3' is not worker=N"),
 ])
 def test_parse_errors_name_the_value_and_the_allowed_forms(text, fragment):
@@ -53,6 +57,19 @@ def test_injector_keeps_only_this_workers_faults():
     assert injector.faults == (Fault("raise", 1, 3),)
     assert not FaultInjector(parse_faults("raise:worker=1:step=3"), 0, "/nonexistent")
     assert faults.injector_from_env(0, "/x", environ={}) is None
+
+
+def test_phase_faults_fire_when_the_phase_is_entered_once_per_run(tmp_path):
+    injector = FaultInjector(parse_faults("sleep:worker=0:phase=finishing:seconds=1"), 0, str(tmp_path / "run"))
+    injector.on_step_end(100)  # a phase fault ignores steps
+    injector.on_phase("saving", 100)
+    started = time.monotonic()
+    injector.on_phase("finishing", 100)
+    assert time.monotonic() - started >= 1.0
+    assert (tmp_path / "run" / ".faults" / "sleep-worker0-finishing").exists()
+    started = time.monotonic()
+    injector.on_phase("finishing", 100)  # fired once per run
+    assert time.monotonic() - started < 0.5
 
 
 def test_raise_fires_at_its_step_once_per_run(tmp_path):

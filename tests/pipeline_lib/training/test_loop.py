@@ -54,6 +54,12 @@ class RecordingHooks(TrainHooks):
     def on_step_end(self, step, examples, loss):
         self.steps.append((step, examples, loss))
 
+    def on_restored(self, step):
+        self.phases = [("restored", step)]
+
+    def on_phase(self, phase, step):
+        self.phases.append((phase.value, step))
+
     def stop_requested(self):
         return self.stop_at is not None and bool(self.steps) and self.steps[-1][0] >= self.stop_at
 
@@ -79,7 +85,7 @@ def test_loss_falls_and_every_planned_step_runs(tmp_path, shared_manifest, strat
     assert "train | step:     10 | steps/sec:" in caplog.text
     assert os.listdir(result.tensorboard_dir)
     assert result.checkpoints[-1].step == plan.total_steps
-    assert set(result.checkpoints[-1].metrics) == {"eval_loss", "eval_accuracy"}
+    assert set(result.checkpoints[-1].metrics) == {"eval_loss", "eval_accuracy", "train_loss"}
     assert [step for step, _ in sink.series("eval_loss")] == sorted(
         set(range(20, plan.total_steps + 1, 20)) | {plan.total_steps})
     assert sink.series("eval_accuracy")[-1][1] > 0.7
@@ -137,13 +143,24 @@ def test_steps_per_execution_does_not_change_the_result(tmp_path, tiny_manifest)
     assert _max_diff(*weights) < 1e-6
 
 
-def test_finished_run_restarts_as_a_no_op(tmp_path, tiny_manifest):
-    config = _config(strategy="default")
+def test_finished_run_restarts_as_a_no_op_with_its_checkpoints_result(tmp_path, tiny_manifest):
+    config = _config(strategy="default", checkpoint_every_steps=3)
     plan = make_plan(tiny_manifest, epochs=1)
-    training.train(config, tiny_manifest, plan, str(tmp_path))
+    first_hooks = RecordingHooks()
+    first = training.train(config, tiny_manifest, plan, str(tmp_path), hooks=first_hooks)
+    total = plan.total_steps
+    # The phases the watchdog bounds: a save between steps, then the finish (with the final save) at the end.
+    assert first_hooks.phases[:4] == [("restored", 0), ("stepping", 0), ("saving", 3), ("stepping", 3)]
+    assert first_hooks.phases[-1] == ("finishing", total)
+    record = manifests.latest_valid(str(tmp_path / "checkpoints"))
+    assert record.step == total and record.metrics["train_loss"] == pytest.approx(first.final_loss)
     hooks = RecordingHooks()
     again = training.train(config, tiny_manifest, plan, str(tmp_path), hooks=hooks)
-    assert again.start_step == again.final_step == plan.total_steps and hooks.steps == []
+    assert again.start_step == again.final_step == total and hooks.steps == []
+    assert hooks.phases == [("restored", total), ("finishing", total)]
+    # The loss of the last step, from the checkpoint's record: the result survives its JSON round trip.
+    assert again.final_loss == pytest.approx(first.final_loss)
+    assert type(again).model_validate_json(again.model_dump_json()).final_loss == pytest.approx(first.final_loss)
 
 
 def test_regression_with_warmup_and_mixed_precision(tmp_path):

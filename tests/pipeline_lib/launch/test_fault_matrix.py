@@ -1,0 +1,259 @@
+"""Faults at the edges of a run, with real signals to real worker processes: every case ends with the exact step
+count and a completed run.
+
+Most signals come from outside, as an operator or an orchestrator sends them: a thread finds the task's process
+by its TF_CONFIG among this test's descendants (psutil) and signals it. Where a window is too short to hit from
+outside (the moment after the final checkpoint, a given step), a test-only `sleep` fault holds the worker there
+for a moment that is shorter than every bound, and the outside signal lands during it. The others use the
+TFDAG_FAULT hooks alone.
+
+Each case trains 2 workers × 16 examples on 512 rows (16 steps an epoch) for 30 steps, a checkpoint every 10,
+with `hang_timeout_s` 5: stepping may be silent 5 s, saving and finishing 15 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import psutil
+import pytest
+
+from pipeline_lib.checkpoints import manifests
+from pipeline_lib.launch.heartbeat import read_heartbeat
+from pipeline_lib.launch.local import LaunchResult, launch
+from pipeline_lib.launch.spec import PREEMPTION_EXIT_CODE, WorkerSpec
+from pipeline_lib.launch.supervisor import phase_bound_s
+from pipeline_lib.training.hooks import Phase
+from tests.pipeline_lib.launch_support import (
+    LogCapture,
+    assert_no_orphans,
+    make_config,
+    make_spec,
+    plan_for,
+    write_dataset_on_disk,
+)
+
+pytestmark = pytest.mark.slow
+
+TOTAL_STEPS = 30
+HANG_TIMEOUT_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_dataset_on_disk(str(tmp_path_factory.mktemp("fault_matrix_data")), num_train=512, num_eval=64)
+
+
+@pytest.fixture(autouse=True)
+def no_orphans():
+    yield
+    assert_no_orphans()
+
+
+def _setup(tmp_path, dataset):
+    config = make_config(str(tmp_path), workers=2, per_replica_batch_size=16, hang_timeout_s=HANG_TIMEOUT_S,
+                         restart_backoff_s=0.1)
+    spec = make_spec(config, dataset, plan_for(dataset, config, steps=TOTAL_STEPS), str(tmp_path / "run"))
+    return config, spec
+
+
+def find_task_process(worker_index: int) -> psutil.Process | None:
+    """The running worker process whose TF_CONFIG names `worker <worker_index>`, among this test's descendants."""
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "pipeline_lib.launch.worker" not in " ".join(proc.cmdline()):
+                continue
+            if proc.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                continue
+            task = json.loads(proc.environ().get("TF_CONFIG", "{}")).get("task", {})
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+            continue
+        if task.get("type") == "worker" and task.get("index") == worker_index:
+            return proc
+    return None
+
+
+class Outside(threading.Thread):
+    """Sends `signum` to worker `worker_index` from outside once `when()` holds (polled), at most once."""
+
+    def __init__(self, when: Callable[[], bool], worker_index: int, signum: signal.Signals, timeout_s: float = 240):
+        super().__init__(daemon=True)
+        self.when, self.worker_index, self.signum, self.timeout_s = when, worker_index, signum, timeout_s
+        self.sent_at: float | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            if self.when():
+                proc = find_task_process(self.worker_index)
+                if proc is not None:
+                    proc.send_signal(self.signum)
+                    self.sent_at = time.monotonic()
+                    return
+            time.sleep(0.05)
+
+
+def _launch_with(spec: WorkerSpec, config, outside: Outside | None = None, fault: str | None = None,
+                 logs: LogCapture | None = None):
+    logs, calls = logs if logs is not None else LogCapture(), []
+    if outside is not None:
+        outside.start()
+    try:
+        outcome = launch(spec, config, log_fn=logs, on_restart=lambda n, story: calls.append((n, story)),
+                         env={"TFDAG_FAULT": fault} if fault else None)
+    finally:
+        if outside is not None:
+            outside.stop.set()
+            outside.join()
+    if outside is not None:
+        assert outside.sent_at is not None, f"the outside {outside.signum.name} was never sent"
+    return outcome, calls, logs
+
+
+def _assert_complete(outcome: LaunchResult, spec: WorkerSpec, *, restarts: int) -> None:
+    result = outcome.result
+    assert result.final_step == result.total_steps == TOTAL_STEPS
+    assert result.num_restarts == len(result.restarts) == restarts
+    checkpoint = manifests.latest_valid(os.path.join(spec.run_dir, "checkpoints"))
+    assert checkpoint.step == TOTAL_STEPS
+    assert result.final_loss == pytest.approx(checkpoint.metrics["train_loss"])
+
+
+def _log_has(logs: LogCapture, needle: str) -> Callable[[], bool]:
+    return lambda: needle in logs.text
+
+
+def _beat(spec: WorkerSpec, worker_index: int) -> dict:
+    return read_heartbeat(os.path.join(spec.heartbeat_dir, f"worker-{worker_index}.json")) or {}
+
+
+# --- the finish --------------------------------------------------------------------------------------------------
+
+def test_chief_sigkilled_after_the_final_checkpoint_resumes_at_the_final_step(tmp_path, dataset):
+    # Outside. The chief is held after its final checkpoint, before result.json; SIGKILL lands there.
+    config, spec = _setup(tmp_path, dataset)
+    logs = LogCapture()
+    outside = Outside(_log_has(logs, "sleep fires in worker 0 entering phase result"), 0, signal.SIGKILL)
+    outcome, calls, logs = _launch_with(spec, config, outside, logs=logs,
+                                        fault="sleep:worker=0:phase=result:seconds=60")
+    _assert_complete(outcome, spec, restarts=1)
+    story = ("worker 0 killed by SIGKILL; resumed at step 30 of 30, the final step: nothing left to train, the "
+             "result comes from its checkpoint")
+    assert calls == [(1, story)]
+    assert outcome.result.start_step == TOTAL_STEPS and outcome.result.restarts[0].resumed_step == TOTAL_STEPS
+    assert f"[supervisor] restart 1: {story}" in logs.text
+    assert [c.step for c in outcome.result.checkpoints] == [10, 20, 30]
+
+
+def test_a_slow_save_and_a_slow_finish_are_not_fenced(tmp_path, dataset):
+    # TFDAG_FAULT. Each pause outlasts hang_timeout_s (5 s) but not the saving and finishing bound (15 s); the
+    # other worker waits meanwhile in its next step's collective, which the slowest phase bounds too.
+    config, spec = _setup(tmp_path, dataset)
+    pause = 6
+    assert HANG_TIMEOUT_S < pause < phase_bound_s(Phase.FINISHING, HANG_TIMEOUT_S)
+    outcome, calls, logs = _launch_with(
+        spec, config, fault=f"sleep:worker=0:phase=saving:seconds={pause},"
+                            f"sleep:worker=0:phase=finishing:seconds={pause}")
+    assert "sleep fires in worker 0 entering phase saving" in logs.text
+    assert "sleep fires in worker 0 entering phase finishing" in logs.text
+    assert calls == [] and outcome.num_attempts == 1
+    _assert_complete(outcome, spec, restarts=0)
+
+
+def test_chief_sigstopped_while_finishing_is_caught_as_a_hang(tmp_path, dataset):
+    # Outside. Held for 2 s as it enters the finishing phase (before the final save), then stopped.
+    config, spec = _setup(tmp_path, dataset)
+    logs = LogCapture()
+    outside = Outside(_log_has(logs, "sleep fires in worker 0 entering phase finishing"), 0, signal.SIGSTOP)
+    outcome, calls, logs = _launch_with(spec, config, outside, logs=logs,
+                                        fault="sleep:worker=0:phase=finishing:seconds=2")
+    _assert_complete(outcome, spec, restarts=1)
+    (_, story), = calls
+    assert story.startswith("hang: worker 0 (stopped) made no progress"), story
+    assert "finishing (bound 15 s = 3 × train.hang_timeout_s 5 s)" in story
+    assert story.endswith("resumed at step 20 of 30")
+    detected_after = logs.first_time("[supervisor] restart 1/") - outside.sent_at
+    assert phase_bound_s(Phase.FINISHING, HANG_TIMEOUT_S) - 2.5 <= detected_after <= 30.0, detected_after
+
+
+# --- stepping and saving -----------------------------------------------------------------------------------------
+
+def test_non_chief_sigstopped_while_stepping_is_caught_as_a_hang(tmp_path, dataset):
+    # Outside. Worker 1 pauses 2 s after step 12 (within hang_timeout_s) and is stopped during the pause.
+    config, spec = _setup(tmp_path, dataset)
+    logs = LogCapture()
+    outside = Outside(_log_has(logs, "sleep fires in worker 1 after step 12"), 1, signal.SIGSTOP)
+    outcome, calls, logs = _launch_with(spec, config, outside, logs=logs,
+                                        fault="sleep:worker=1:step=12:seconds=2")
+    _assert_complete(outcome, spec, restarts=1)
+    (_, story), = calls
+    # The watchdog, or TensorFlow noticing first and worker 0 aborting its all-reduce: both name worker 1.
+    assert story.startswith("hang: worker 1 (stopped) made no progress"), story
+    assert story.endswith("resumed at step 10 of 30")
+
+
+def test_chief_sigstopped_while_saving_is_caught_as_a_hang(tmp_path, dataset):
+    # TFDAG_FAULT: the chief stops itself as it enters its first save (step 10): no checkpoint yet.
+    config, spec = _setup(tmp_path, dataset)
+    outcome, calls, _ = _launch_with(spec, config, fault="stop:worker=0:phase=saving")
+    _assert_complete(outcome, spec, restarts=1)
+    (_, story), = calls
+    assert story.startswith("hang: worker 0 (stopped) made no progress"), story
+    assert story.endswith("no checkpoint yet: started again at step 0 of 30")
+
+
+# --- kills at the start and during a restart --------------------------------------------------------------------
+
+def test_non_chief_sigkilled_at_its_first_step(tmp_path, dataset):
+    # Outside. Worker 1 pauses 2 s after its first step and is killed during the pause.
+    config, spec = _setup(tmp_path, dataset)
+    logs = LogCapture()
+    outside = Outside(_log_has(logs, "sleep fires in worker 1 after step 1"), 1, signal.SIGKILL)
+    outcome, calls, _ = _launch_with(spec, config, outside, logs=logs,
+                                        fault="sleep:worker=1:step=1:seconds=2")
+    _assert_complete(outcome, spec, restarts=1)
+    (_, story), = calls
+    assert "worker 1" in story and story.endswith("no checkpoint yet: started again at step 0 of 30"), story
+    assert outcome.result.start_step == 0
+
+
+def test_a_second_fault_during_the_restart_the_first_caused(tmp_path, dataset):
+    # TFDAG_FAULT kills worker 1 at step 15; the outside kills the restarted chief once it has restored step 10.
+    config, spec = _setup(tmp_path, dataset)
+    logs = LogCapture()
+
+    def restored_after_the_first_fault() -> bool:
+        return "[supervisor] restart 1/" in logs.text and _beat(spec, 0).get("start_step") == 10
+
+    outside = Outside(restored_after_the_first_fault, 0, signal.SIGKILL)
+    outcome, calls, _ = _launch_with(spec, config, outside, logs=logs,
+                                        fault="kill:worker=1:step=15")
+    _assert_complete(outcome, spec, restarts=2)
+    assert calls[0] == (1, "worker 1 killed by SIGKILL; resumed at step 10 of 30")
+    number, story = calls[1]
+    # Usually before its first step; if the restarted group got on to step 20 first, it resumes from there.
+    assert number == 2 and story.startswith("worker 0 killed by SIGKILL; resumed at step "), story
+    assert outcome.result.restarts[1].resumed_step in (10, 20)
+
+
+# --- preemption --------------------------------------------------------------------------------------------------
+
+def test_non_chief_preempted_in_its_last_10_steps(tmp_path, dataset):
+    # Outside SIGTERM while worker 1 pauses after step 25: both stop at the same step, checkpoint, exit 138.
+    config, spec = _setup(tmp_path, dataset)
+    logs = LogCapture()
+    outside = Outside(_log_has(logs, "sleep fires in worker 1 after step 25"), 1, signal.SIGTERM)
+    outcome, calls, logs = _launch_with(spec, config, outside, logs=logs,
+                                        fault="sleep:worker=1:step=25:seconds=2")
+    _assert_complete(outcome, spec, restarts=1)
+    (_, story), = calls
+    assert f"exited {PREEMPTION_EXIT_CODE} (preempted" in story, story
+    resumed = outcome.result.restarts[0].resumed_step
+    assert TOTAL_STEPS - 10 <= 25 <= resumed < TOTAL_STEPS
+    assert f"worker 0 preempted at step {resumed}" in logs.text and f"worker 1 preempted at step {resumed}" in logs.text
