@@ -1,4 +1,4 @@
-"""Champion and challenger on the MLflow model registry: the new-data check, the promotion rule, aliases, tags."""
+"""Champion and challenger on the MLflow model registry: the new-data check, the registration policy, aliases, tags."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from pipeline_lib.config import ConfigError, PipelineConfig, RegisterPolicy, parse_config
+from pipeline_lib.config import (
+    ConfigError,
+    PipelineConfig,
+    RegisterPolicy,
+    parse_config,
+)
 from pipeline_lib.core import storage
 from pipeline_lib.core.errors import TfdagError
 from pipeline_lib.data.manifest import SourceFingerprint
