@@ -13,6 +13,7 @@ import traceback
 EXIT_OK = 0
 EXIT_FAILURE = 1  # a stage failed for a reason other than the input (a worker crashed, a server went away)
 EXIT_BAD_INPUT = 2  # the input is wrong: the one-line message names the value and the fix
+EXIT_NOT_BLESSED = 3  # trained, not blessed: the evaluation gate refused the model, which was not registered
 EXIT_INTERRUPTED = 130
 
 DESCRIPTION = """\
@@ -26,7 +27,8 @@ TFRecord conversion -> shard planning -> cluster validation -> distributed train
   tfdag validate-cluster --strategy multi_worker_mirrored   check TF_CONFIG before training
   tfdag stack up                          local Prefect + MLflow servers, work pool, worker, deployments
 
-exit codes: 0 success, 1 failure, 2 bad input (one line names the value and the fix), 130 interrupted
+exit codes: 0 success, 1 failure, 2 bad input (one line names the value and the fix),
+            3 trained, not blessed (the evaluation gate refused the model), 130 interrupted
 """
 
 
@@ -61,14 +63,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = training_pipeline(path)
     metrics = ", ".join(f"{k}: {v:.4f}" for k, v in summary.metrics.items())
     print(f"\ntfdag | {summary.pipeline} | {metrics}")
-    if summary.model_name:
-        print(f"tfdag | registered model {summary.model_name} version {summary.model_version}")
     print(f"tfdag | MLflow run {summary.mlflow_run_id} in experiment {summary.experiment!r} ({summary.mlflow_uri})")
     if summary.mlflow_uri.startswith("sqlite:///"):
         print(f"tfdag | open the MLflow UI: mlflow ui --backend-store-uri {summary.mlflow_uri} --host 127.0.0.1 --port 5000")
+    if summary.model_version:
+        tag = "" if summary.blessed else ", tagged blessed=false, no alias (tracking.register: always)"
+        print(f"tfdag | registered model {summary.model_name} version {summary.model_version}{tag}")
+    elif not summary.blessed and summary.mlflow_run_id:
+        print("tfdag | not registered (tracking.register: blessed)")
+    print(f"tfdag | blessed: {str(summary.blessed).lower()} | {summary.gate.reason}")
     if args.json:
         print(summary.model_dump_json())
-    return EXIT_OK
+    return EXIT_OK if summary.blessed else EXIT_NOT_BLESSED
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -143,10 +149,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from pipeline_lib.data.convert import convert
     from pipeline_lib.evaluation import metrics as evaluation
+    from pipeline_lib.evaluation.gate import apply_gate
 
     config = _load(args.config)
     manifest = convert(config.data, config.output_root, config.storage_options)
     report = evaluation.evaluate(config, manifest, args.model)
+    report = report.model_copy(update={"gate": apply_gate(report, config.evaluation.gate)})  # no champion here
     print(report.to_markdown())
     return EXIT_OK
 

@@ -8,18 +8,23 @@ from pathlib import Path
 from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import create_markdown_artifact
 from prefect.exceptions import TerminationSignal
+from prefect.states import Completed, State
 from pydantic import BaseModel, ConfigDict
 
 from pipeline_lib.config import PipelineConfig, resolve_config
 from pipeline_lib.core import runs, storage
 from pipeline_lib.data import demo as demo_data
+from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.planning import sharding
 from pipeline_lib.tracking.params import pipeline_params
 from pipeline_lib.tracking.run import RunStatus
 from pipeline_lib.training import strategy
 from tasks import stages
+from tasks.retrain import evaluate_champion, find_champion
 
 DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "examples" / "digits.yaml")
+# The name of the Completed state of a pipeline run whose model the gate did not bless.
+NOT_BLESSED_STATE = "Not blessed"
 
 
 class PipelineSummary(BaseModel):
@@ -46,7 +51,9 @@ class PipelineSummary(BaseModel):
     final_step: int
     num_restarts: int
     restarts: list[str]  # each restart: its cause and the step it resumed from
-    gate_passed: bool | None
+    blessed: bool
+    gate: GateDecision  # why (not) blessed: metric, value, threshold, the champion's value
+    champion_metrics: dict[str, float] = {}  # the champion on the same eval split; empty without a champion
 
 
 class _Progress:
@@ -75,7 +82,8 @@ def run_pipeline(config: PipelineConfig, *, extra_tags: dict[str, str] | None = 
 
     With tracking enabled, the MLflow run starts once the storage check passed and always ends: FINISHED on
     success; FAILED when a stage raises, with the stage in the `tfdag.failed_stage` tag; KILLED on Ctrl-C or a
-    Prefect cancellation. The supervisor's training restarts all log to this one run.
+    Prefect cancellation. The supervisor's training restarts all log to this one run. A model the gate did not
+    bless ends a FINISHED run tagged `tfdag.blessed=false`; it is registered only with `tracking.register: always`.
     """
     progress = _Progress()
     logger = get_run_logger()
@@ -144,6 +152,15 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
     export = stages.consolidate_checkpoints(config, manifest, train_result, storage.join(run_dir, "export"))
     progress("evaluate")
     report = stages.evaluate(config, manifest, export.keras_path)
+    champion = champion_report = None
+    if config.tracking.enabled and config.tracking.registered_model:
+        progress("evaluate_champion")
+        champion = find_champion(config)
+        if champion is not None:
+            champion_report = evaluate_champion(config, manifest, champion)
+    progress("gate")
+    decision = stages.gate(config, report, champion_report, champion.version if champion else None)
+    report = report.model_copy(update={"gate": decision})
 
     version = None
     if run_id:
@@ -162,13 +179,13 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
         artifacts.update(_preflight_artifacts(run_dir))
         if train_result.restarts:
             artifacts["training/restarts.txt"] = "".join(f"{r.describe()}\n" for r in train_result.restarts)
-        version = stages.track(config, run_id, params, artifacts, report, export, manifest, tags)
+        version = stages.track(config, run_id, params, artifacts, report, decision, export, manifest, tags)
 
-    gate = report.gate_passed
     logger.info(
-        "pipeline %r done: %s | MLflow run %s%s",
+        "pipeline %r done: %s | blessed: %s | MLflow run %s%s",
         config.name,
         ", ".join(f"{k}={v:.4f}" for k, v in report.metrics.items()),
+        str(decision.blessed).lower(),
         run_id,
         f" | model {version.name} v{version.version}" if version else "",
     )
@@ -192,7 +209,9 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
         final_step=train_result.final_step,
         num_restarts=train_result.num_restarts,
         restarts=[r.describe() for r in train_result.restarts],
-        gate_passed=gate,
+        blessed=decision.blessed,
+        gate=decision,
+        champion_metrics=champion_report.metrics if champion_report else {},
     )
 
 
@@ -206,11 +225,22 @@ def _preflight_artifacts(run_dir: str) -> dict[str, str | bytes]:
     return found
 
 
+def final_state(summary: PipelineSummary) -> PipelineSummary | State:
+    """What a pipeline flow returns: the summary, or, when the gate did not bless the model, a Completed state
+    named "Not blessed" that carries it (a caller of the flow function still gets the summary)."""
+    if summary.blessed:
+        return summary
+    return Completed(name=NOT_BLESSED_STATE, message=f"trained, not blessed: {summary.gate.reason}", data=summary)
+
+
 @flow(name="training-pipeline", log_prints=True)
 def training_pipeline(config: PipelineConfig | str = DEFAULT_CONFIG) -> PipelineSummary:
     """Run the whole training pipeline.
 
     Args:
         config: the pipeline configuration: a YAML path, inline YAML, or the config itself.
+
+    Returns:
+        The PipelineSummary. The flow run ends Completed, named "Not blessed" when the gate did not bless the model.
     """
-    return run_pipeline(resolve_config(config))
+    return final_state(run_pipeline(resolve_config(config)))  # type: ignore[return-value]  # Prefect unwraps it

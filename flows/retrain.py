@@ -19,16 +19,17 @@ from flows.pipeline import (
     DEFAULT_CONFIG,
     PipelineSummary,
     end_tracking_run,
+    final_state,
     run_pipeline,
 )
 from pipeline_lib.config import ConfigError, PipelineConfig, resolve_config
 from pipeline_lib.data import demo as demo_data
-from pipeline_lib.evaluation.report import EvalReport
+from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.tracking import registry
 from pipeline_lib.tracking.run import RunStatus
 from tasks.retrain import (
-    evaluate_champion,
     find_champion,
+    find_last_attempt,
     fingerprint_source,
     prepare_warm_start,
     record_decision,
@@ -66,7 +67,7 @@ class RetrainResult(BaseModel):
     champion_before: int | None
     champion_after: int | None
     challenger_version: int | None = None
-    decision: registry.Decision | None = None
+    decision: GateDecision | None = None
     mlflow_run_id: str | None = None
     challenger_metrics: dict[str, float] = Field(default_factory=dict)
     champion_metrics: dict[str, float] = Field(default_factory=dict)
@@ -92,21 +93,17 @@ def load_retrain_config(params: RetrainParameters) -> PipelineConfig:
 
 @flow(name="training-pipeline", log_prints=True)
 def challenger_pipeline(config: PipelineConfig, extra_tags: dict[str, str]) -> PipelineSummary:
-    """The training pipeline as a subflow of the retrain run, its versions tagged with the source fingerprint."""
-    return run_pipeline(config, extra_tags=extra_tags)
+    """The training pipeline as a subflow of the retrain run, its runs and versions tagged with the source
+    fingerprint; its gate compares the challenger with the champion."""
+    return final_state(run_pipeline(config, extra_tags=extra_tags))  # type: ignore[return-value]
 
 
-def _score(metrics: dict[str, float], metric: str) -> float | None:
-    value = metrics.get(metric)
-    return None if value is None else float(value)
-
-
-def _comparison_rows(challenger: int, summary: PipelineSummary, champion: registry.VersionInfo | None,
-                     champion_report: EvalReport | None) -> list[dict[str, Any]]:
-    rows = [{"model": f"challenger v{challenger}", **{k: round(v, 6) for k, v in summary.metrics.items()}}]
-    if champion is not None and champion_report is not None:
-        rows.append({"model": f"champion v{champion.version}",
-                     **{k: round(v, 6) for k, v in champion_report.metrics.items()}})
+def _comparison_rows(summary: PipelineSummary) -> list[dict[str, Any]]:
+    challenger = f"challenger v{summary.model_version}" if summary.model_version else "challenger (not registered)"
+    rows = [{"model": challenger, **{k: round(v, 6) for k, v in summary.metrics.items()}}]
+    if summary.champion_metrics:
+        rows.append({"model": f"champion v{summary.gate.champion_version}",
+                     **{k: round(v, 6) for k, v in summary.champion_metrics.items()}})
     return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()} for row in rows]
 
 
@@ -120,10 +117,12 @@ def _ui_link(mlflow_uri: str, name: str, version: int) -> str | None:
 def retrain(params: RetrainParameters = DEFAULT_PARAMETERS):
     """Retrain when the source data changed, and promote the challenger only when it beats the champion.
 
-    Unchanged data (the champion's source fingerprint) finishes Completed with "no new data since version N".
-    Otherwise the training pipeline runs as a subflow; the champion is evaluated on the same new eval split;
-    the `champion` alias moves only when the challenger beats it by `evaluation.min_improvement` on
-    `evaluation.gate.metric`; the challenger's version is tagged `blessed=true|false` with both scores.
+    Unchanged data (the champion's source fingerprint, or a refused challenger's with the same config) finishes
+    Completed with "no new data since ...". Otherwise the training pipeline runs as a subflow; its gate evaluates
+    the champion on the same new eval split and blesses the challenger only when it beats the champion by
+    `evaluation.min_improvement` on `evaluation.gate.metric`. A blessed challenger is registered and takes the
+    `champion` alias; one that is not blessed is registered only with `tracking.register: always` (tagged
+    `blessed=false`).
 
     Args:
         params: the config path or inline YAML, dotted-key overrides, warm start and force.
@@ -143,9 +142,10 @@ def retrain(params: RetrainParameters = DEFAULT_PARAMETERS):
         demo_data.ensure_demo_source(config.data)
         fingerprint = fingerprint_source(config)
         stage = "find_champion"
-        champion, latest = find_champion(config)
+        champion = find_champion(config)
         config_hash = config.config_hash()
-        check = registry.check_for_new_data(fingerprint, config_hash, champion, latest)
+        latest, refused_run = find_last_attempt(config, fingerprint, config_hash)
+        check = registry.check_for_new_data(fingerprint, config_hash, champion, latest, refused_run)
         champion_version = champion.version if champion else None
         if not check.train and not params.force:
             logger.info(check.message)
@@ -167,32 +167,23 @@ def retrain(params: RetrainParameters = DEFAULT_PARAMETERS):
         tags = {registry.FINGERPRINT_TAG: fingerprint.sha256, registry.CONFIG_HASH_TAG: config_hash,
                 RETRAIN_RUN_TAG: str(runtime.flow_run.id or "")}
         summary = challenger_pipeline(train_config, tags)
-        if summary.model_version is None:
-            raise RuntimeError(f"the training pipeline registered no version of {name!r} (MLflow run "
-                               f"{summary.mlflow_run_id}); check the track stage's log")
-        challenger = int(summary.model_version)
+        decision = summary.gate
+        challenger = int(summary.model_version) if summary.model_version else None
+        if challenger is not None:
+            stage = "record_decision"
+            record_decision(config, challenger, decision, fingerprint, config_hash)
 
-        champion_report = None
-        if champion is not None:
-            stage = "evaluate_champion"
-            champion_report = evaluate_champion(config, summary.data_fingerprint, champion)
-        stage = "record_decision"
         metric = config.evaluation.gate.metric
-        decision = registry.decide(_score(summary.metrics, metric),
-                                   _score(champion_report.metrics, metric) if champion_report else None,
-                                   config.evaluation.gate, config.evaluation.effective_min_improvement,
-                                   champion_version=champion_version)
-        record_decision(config, challenger, decision, fingerprint, config_hash)
-
-        rows = _comparison_rows(challenger, summary, champion, champion_report)
-        create_table_artifact(rows, key=_key(f"{config.name}-champion-vs-challenger"),
+        create_table_artifact(_comparison_rows(summary), key=_key(f"{config.name}-champion-vs-challenger"),
                               description=f"Challenger and champion on the same eval split ({metric})")
-        verdict = "promoted to champion" if decision.blessed else "not promoted"
-        message = f"{name} version {challenger} {verdict}: {decision.reason}"
+        subject = f"{name} version {challenger}" if challenger is not None else f"the challenger of {name}"
+        verdict = "promoted to champion" if decision.blessed else (
+            "not promoted" if challenger is not None else "not promoted (not registered)")
+        message = f"{subject} {verdict}: {decision.reason}"
         create_markdown_artifact(
-            f"# Retrain `{config.name}`: version {challenger} {verdict}\n\n{check.message}\n\n{decision.reason}\n",
+            f"# Retrain `{config.name}`: {subject} {verdict}\n\n{check.message}\n\n{decision.reason}\n",
             key=_key(f"{config.name}-retrain-decision"), description="Retrain decision")
-        link = _ui_link(config.mlflow_uri, name, challenger)
+        link = _ui_link(config.mlflow_uri, name, challenger) if challenger is not None else None
         if link:
             create_link_artifact(link, link_text=f"{name} version {challenger}",
                                  key=_key(f"{config.name}-model-version"))
@@ -202,7 +193,7 @@ def retrain(params: RetrainParameters = DEFAULT_PARAMETERS):
             source_fingerprint=fingerprint.sha256, champion_before=champion_version,
             champion_after=challenger if decision.blessed else champion_version, challenger_version=challenger,
             decision=decision, mlflow_run_id=summary.mlflow_run_id, challenger_metrics=summary.metrics,
-            champion_metrics=champion_report.metrics if champion_report else {},
+            champion_metrics=summary.champion_metrics,
         )
         return Completed(message=message, data=result)
     except (KeyboardInterrupt, TerminationSignal):

@@ -88,6 +88,13 @@ class Direction(str, enum.Enum):
     MIN = "min"
 
 
+class RegisterPolicy(str, enum.Enum):
+    """`tracking.register`: which models reach the registry."""
+
+    BLESSED = "blessed"  # only a model the gate blessed; any other is logged to its run only
+    ALWAYS = "always"  # every model; one the gate did not bless is tagged blessed=false and gets no alias
+
+
 # Metrics where a smaller value is better, whatever a configured direction says. The one copy of this rule:
 # the gate, the champion policy and best-checkpoint selection all ask metric_direction().
 LOWER_IS_BETTER_METRICS = frozenset({"loss", "mae", "rmse"})
@@ -244,7 +251,11 @@ class EvaluationConfig(_Frozen):
 class TrackingConfig(_Frozen):
     mlflow_uri: str | None = None  # None: sqlite:///<output_root>/mlflow.db
     experiment: str = "tfdag"
+    # `register` in the YAML; BaseModel has a `register` attribute, so the field has another name.
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True, serialize_by_alias=True)
+
     registered_model: str | None = None
+    register_policy: RegisterPolicy = Field(RegisterPolicy.BLESSED, alias="register")
     artifact_location: str | None = None  # fsspec/MLflow artifact root for a new experiment
     enabled: bool = True
 

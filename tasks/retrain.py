@@ -1,4 +1,5 @@
-"""The retrain flow's thin Prefect tasks: source fingerprint, champion, warm start, champion score, verdict."""
+"""The champion's thin Prefect tasks: source fingerprint, champion, last attempt, warm start, champion score,
+promotion."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from prefect import get_run_logger, task
 
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
-from pipeline_lib.data.manifest import SourceFingerprint, load_manifest
-from pipeline_lib.data.sources import dataset_uri_for, source_fingerprint
+from pipeline_lib.data.manifest import Manifest, SourceFingerprint
+from pipeline_lib.data.sources import source_fingerprint
 from pipeline_lib.evaluation import metrics as evaluation
-from pipeline_lib.evaluation.report import EvalReport
+from pipeline_lib.evaluation.report import EvalReport, GateDecision
 from pipeline_lib.tracking import registry
 from tasks.retry import transient_retries
 
@@ -27,10 +28,20 @@ def fingerprint_source(config: PipelineConfig) -> SourceFingerprint:
 
 
 @task(name="find_champion", **transient_retries())
-def find_champion(config: PipelineConfig) -> tuple[registry.VersionInfo | None, registry.VersionInfo | None]:
+def find_champion(config: PipelineConfig) -> registry.VersionInfo | None:
     name = config.tracking.registered_model
     assert name is not None
-    return registry.get_champion(config.mlflow_uri, name), registry.latest_version(config.mlflow_uri, name)
+    return registry.get_champion(config.mlflow_uri, name)
+
+
+@task(name="find_last_attempt", **transient_retries())
+def find_last_attempt(config: PipelineConfig, fingerprint: SourceFingerprint,
+                      config_hash: str) -> tuple[registry.VersionInfo | None, str | None]:
+    """The newest registered version, and the newest run on this data and config that was not blessed."""
+    name = config.tracking.registered_model
+    assert name is not None
+    return (registry.latest_version(config.mlflow_uri, name),
+            registry.last_refused_run(config.mlflow_uri, config.tracking.experiment, fingerprint, config_hash))
 
 
 @task(name="prepare_warm_start", **transient_retries())
@@ -44,9 +55,8 @@ def prepare_warm_start(config: PipelineConfig, champion: registry.VersionInfo) -
 
 
 @task(name="evaluate_champion", **transient_retries(1))
-def evaluate_champion(config: PipelineConfig, data_fingerprint: str, champion: registry.VersionInfo) -> EvalReport:
+def evaluate_champion(config: PipelineConfig, manifest: Manifest, champion: registry.VersionInfo) -> EvalReport:
     """The champion on the challenger's eval split: the same manifest, the same evaluation function."""
-    manifest = load_manifest(dataset_uri_for(config.output_root, data_fingerprint), config.storage_options)
     with tempfile.TemporaryDirectory(prefix="tfdag-champion-") as tmp:
         keras_path = registry.download_keras_model(config.mlflow_uri, champion.name, champion.version, tmp)
         report = evaluation.evaluate(config, manifest, keras_path)
@@ -56,7 +66,7 @@ def evaluate_champion(config: PipelineConfig, data_fingerprint: str, champion: r
 
 
 @task(name="record_decision", **transient_retries())
-def record_decision(config: PipelineConfig, challenger_version: int, decision: registry.Decision,
+def record_decision(config: PipelineConfig, challenger_version: int, decision: GateDecision,
                     fingerprint: SourceFingerprint, config_hash: str) -> registry.VersionInfo:
     name = config.tracking.registered_model
     assert name is not None

@@ -24,10 +24,11 @@ from pipeline_lib.data.convert import convert
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.evaluation import consolidation
 from pipeline_lib.evaluation import metrics as evaluation
-from pipeline_lib.evaluation.report import EvalReport
+from pipeline_lib.evaluation.gate import apply_gate
+from pipeline_lib.evaluation.report import EvalReport, GateDecision
 from pipeline_lib.launch import local as launcher
 from pipeline_lib.planning import sharding
-from pipeline_lib.tracking import model_logging
+from pipeline_lib.tracking import model_logging, registry
 from pipeline_lib.tracking import run as tracking
 from pipeline_lib.training.results import TrainResult
 from tasks.retry import transient_retries
@@ -135,21 +136,49 @@ def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str) -> Eva
     return report
 
 
+@task(name="gate")
+def gate(config: PipelineConfig, report: EvalReport, champion_report: EvalReport | None,
+         champion_version: int | None) -> GateDecision:
+    """`evaluation.gate`: the threshold, then the margin over the champion on the same eval split."""
+    decision = apply_gate(report, config.evaluation.gate, config.evaluation.effective_min_improvement,
+                          champion=champion_report, champion_version=champion_version)
+    logger = get_run_logger()
+    if decision.blessed:
+        logger.info("blessed: %s", decision.reason)
+    else:
+        logger.warning("not blessed: %s", decision.reason)
+    verdict = "blessed" if decision.blessed else "not blessed"
+    create_markdown_artifact(f"# `{config.name}`: {verdict}\n\n{decision.reason}\n",
+                             key=_key(f"{config.name}-gate"), description=f"Evaluation gate: {verdict}")
+    return decision
+
+
 @task(name="track", **transient_retries())
 def track(config: PipelineConfig, run_id: str, params: dict[str, Any], artifacts: dict[str, str | bytes],
-          eval_report: EvalReport, export: consolidation.ExportResult, manifest: Manifest,
+          eval_report: EvalReport, decision: GateDecision, export: consolidation.ExportResult, manifest: Manifest,
           tags: dict[str, str]) -> model_logging.ModelVersionInfo | None:
+    """Params, metrics, artifacts and the blessing on the run; the model is registered only as
+    `tracking.register` says (`registry.registers`)."""
     uri = config.mlflow_uri
+    logger = get_run_logger()
     tracking.log_params(run_id, uri, params)
     tracking.log_final_metrics(run_id, uri, eval_report.metrics)
     tracking.log_artifacts(run_id, uri, artifacts)
+    tracking.record_blessing(run_id, uri, decision)
     version = None
-    if config.tracking.registered_model:
+    name = config.tracking.registered_model
+    if name:
+        register_as = name if registry.registers(config.tracking.register_policy, decision) else None
         version = model_logging.log_and_register_model(
-            run_id, uri, export.keras_path, config.tracking.registered_model, manifest, tags=tags,
+            run_id, uri, export.keras_path, register_as, manifest, tags=tags,
             storage_options=config.storage_options,
         )
-        get_run_logger().info("registered %s version %s", version.name, version.version)
+        if version is None:
+            logger.info("model logged to MLflow run %s, not registered as %s: not blessed", run_id, name)
+        else:
+            registry.record_decision(uri, name, version.version, decision, alias=None)
+            logger.info("registered %s version %s (blessed=%s)", version.name, version.version,
+                        str(decision.blessed).lower())
     ui = tracking.run_ui_url(uri, run_id)
     if ui:
         create_link_artifact(ui, link_text="MLflow run", key=_key(f"{config.name}-mlflow-run"))

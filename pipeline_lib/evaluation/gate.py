@@ -1,11 +1,14 @@
-"""The evaluation gate: whether a metric reaches `evaluation.gate.threshold`, for the pipeline and the retrain flow."""
+"""The evaluation gate: the one decision whether a model is blessed, for the pipeline and the retrain flow."""
 
 from __future__ import annotations
 
 import math
 
 from pipeline_lib.config import Direction, GateConfig, metric_direction
-from pipeline_lib.evaluation.report import EvalReport, EvaluationError, GateResult
+from pipeline_lib.evaluation.report import EvalReport, EvaluationError, GateDecision
+
+# Keeps 0.95 - 0.90 (0.04999…) a win by a 0.05 margin.
+_TOLERANCE = 1e-9
 
 
 def reaches_threshold(value: float | None, threshold: float, direction: Direction) -> bool:
@@ -20,30 +23,77 @@ def threshold_text(threshold: float, direction: Direction) -> str:
     return f"{'≥' if direction == Direction.MAX else '≤'} {threshold:g}"
 
 
-def apply_gate(report: EvalReport, gate_config: GateConfig) -> GateResult:
-    """Check a report against `evaluation.gate.threshold` (no threshold: the gate passes).
+def _is_number(value: float | None) -> bool:
+    return value is not None and not math.isnan(value)
 
+
+def decide(value: float | None, gate: GateConfig, min_improvement: float = 0.0, *,
+           champion_value: float | None = None, champion_version: int | None = None) -> GateDecision:
+    """The blessing rule.
+
+    A model is blessed when it reaches `gate.threshold` (when set) and, when there is a champion, beats the
+    champion's score on the same eval split by at least `min_improvement` in the metric's direction (strictly,
+    when the margin is 0: a tie keeps the champion). With no champion, passing the threshold blesses. A NaN score
+    is never blessed; a missing score is blessed only when there is nothing to check (no threshold, no champion).
     The direction is `metric_direction(gate.metric, gate.direction)`: lower is better for loss, mae and rmse.
 
-    Raises:
-        EvaluationError: when a threshold is set on a metric the report does not have.
+    Args:
+        value: the model's `gate.metric` on the eval split.
+        gate: `evaluation.gate` (metric, direction, threshold).
+        min_improvement: `evaluation.effective_min_improvement`.
+        champion_value: the champion's score on the same split; None when there is none or it has no score.
+        champion_version: the champion's registered version; None when there is no champion.
+
+    Returns:
+        The GateDecision.
     """
-    metric = gate_config.metric
-    direction = metric_direction(metric, gate_config.direction)
-    value = report.metrics.get(metric)
-    threshold = gate_config.threshold
-    if threshold is None:
-        return GateResult(metric=metric, value=value, threshold=None, direction=direction.value, passed=True,
-                          reason=f"no evaluation.gate.threshold set; {metric} = {_fmt(value)}")
-    if value is None:
+    direction = metric_direction(gate.metric, gate.direction)
+    metric, threshold = gate.metric, gate.threshold
+    has_champion = champion_version is not None or champion_value is not None
+
+    def verdict(blessed: bool, reason: str) -> GateDecision:
+        return GateDecision(blessed=blessed, reason=reason, metric=metric, direction=direction.value, value=value,
+                            threshold=threshold, champion_value=champion_value, champion_version=champion_version,
+                            min_improvement=min_improvement)
+
+    if value is None and threshold is None and not has_champion:
+        return verdict(True, f"no evaluation.gate.threshold and no champion: nothing to gate ({metric} n/a)")
+    if not _is_number(value):
+        return verdict(False, f"the model has no {metric} score ({value})")
+    assert value is not None
+    if threshold is not None and not reaches_threshold(value, threshold, direction):
+        return verdict(False, f"{metric} {value:.4f} misses evaluation.gate.threshold "
+                              f"({threshold_text(threshold, direction)})")
+    passed = f"{metric} {value:.4f}" + (f" reaches {threshold_text(threshold, direction)}" if threshold is not None
+                                        else "")
+    if not has_champion:
+        return verdict(True, f"{passed}; no champion yet")
+    name = f"champion v{champion_version}" if champion_version is not None else "the champion"
+    if not _is_number(champion_value):
+        return verdict(True, f"{passed}; {name} has no {metric} score ({champion_value}) on this eval split")
+    assert champion_value is not None
+    improvement = value - champion_value if direction == Direction.MAX else champion_value - value
+    better = improvement > _TOLERANCE if min_improvement == 0 else improvement >= min_improvement - _TOLERANCE
+    word = "higher" if direction == Direction.MAX else "lower"
+    comparison = (f"{metric} {value:.4f} vs {name} {champion_value:.4f} on the same eval split "
+                  f"({improvement:+.4f} in the {word}-is-better direction; "
+                  f"needs {'> 0' if min_improvement == 0 else f'≥ {min_improvement:g}'})")
+    return verdict(better, ("beats the champion: " if better else "does not beat the champion: ") + comparison)
+
+
+def apply_gate(report: EvalReport, gate: GateConfig, min_improvement: float = 0.0, *,
+               champion: EvalReport | None = None, champion_version: int | None = None) -> GateDecision:
+    """`decide` on a report, and on the champion's report of the same eval split when there is a champion.
+
+    Raises:
+        EvaluationError: when a threshold or a champion needs `gate.metric` and the report does not have it.
+    """
+    value = report.metrics.get(gate.metric)
+    if value is None and (gate.threshold is not None or champion is not None):
         raise EvaluationError(
-            f"evaluation.gate.metric ({metric!r}) is not among the {report.task} metrics "
+            f"evaluation.gate.metric ({gate.metric!r}) is not among the {report.task} metrics "
             f"{sorted(report.metrics)}; choose one of those"
         )
-    return GateResult(metric=metric, value=value, threshold=threshold, direction=direction.value,
-                      passed=reaches_threshold(value, threshold, direction),
-                      reason=f"{metric} = {_fmt(value)}, needs {threshold_text(threshold, direction)}")
-
-
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4f}"
+    champion_value = None if champion is None else champion.metrics.get(gate.metric)
+    return decide(value, gate, min_improvement, champion_value=champion_value,
+                  champion_version=champion_version if champion is not None else None)

@@ -15,7 +15,6 @@ import tensorflow as tf
 from pipeline_lib.config import PipelineConfig, Task
 from pipeline_lib.core import storage
 from pipeline_lib.data.manifest import Manifest
-from pipeline_lib.evaluation.gate import apply_gate
 from pipeline_lib.evaluation.report import EvalReport, EvaluationError
 from pipeline_lib.training import input_pipeline, staging
 
@@ -192,7 +191,7 @@ def load_model(model_path: str, storage_options: dict[str, Any] | None = None) -
 
 def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, *,
              batch_size: int = DEFAULT_BATCH_SIZE) -> EvalReport:
-    """Evaluate an exported `.keras` model on the eval split and apply the configured gate.
+    """Evaluate an exported `.keras` model on the eval split (the gate is `evaluation.gate.apply_gate`, after).
 
     Every metric of the task is computed (classification: loss, accuracy, auc and the confusion matrix;
     regression: loss, mae, rmse); `evaluation.metrics` entries that do not apply to the task are warned about.
@@ -204,10 +203,10 @@ def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, *,
         batch_size: records per batch.
 
     Returns:
-        The EvalReport with its gate verdict.
+        The EvalReport, without a gate decision.
 
     Raises:
-        EvaluationError: when the model is missing, the eval split is empty, or the gate names a missing metric.
+        EvaluationError: when the model is missing, or the eval split is empty.
     """
     task = config.model.task
     applicable = set(CLASSIFICATION_METRICS if task == Task.CLASSIFICATION else REGRESSION_METRICS)
@@ -219,8 +218,4 @@ def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, *,
                        sorted(applicable))
     model = load_model(model_path, config.storage_options)
     manifest = staging.stage_split(manifest, "eval", storage_options=config.storage_options)
-    report = evaluate_model(model, manifest, task, batch_size=batch_size, model_path=model_path)
-    verdict = apply_gate(report, config.evaluation.gate)
-    if not verdict.passed:
-        logger.warning("evaluation gate failed: %s", verdict.reason)
-    return report.model_copy(update={"gate": verdict})
+    return evaluate_model(model, manifest, task, batch_size=batch_size, model_path=model_path)

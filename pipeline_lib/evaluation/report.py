@@ -1,4 +1,4 @@
-"""The typed results of an evaluation: the report of one model on one split and the gate's verdict."""
+"""The typed results of an evaluation: the report of one model on one split and the gate's decision."""
 
 from __future__ import annotations
 
@@ -14,17 +14,24 @@ class EvaluationError(TfdagError, RuntimeError):
     """The model cannot be evaluated or gated; the message names the value, its source and the fix."""
 
 
-class GateResult(BaseModel):
-    """Whether an evaluation reaches `evaluation.gate.threshold` on `evaluation.gate.metric`."""
+class GateDecision(BaseModel):
+    """Whether a model is blessed: `evaluation.gate.threshold`, then `min_improvement` over the champion.
+
+    The one verdict for the training pipeline and the retrain flow; `champion_value` is the champion's score on the
+    same eval split (None when there is no champion).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    blessed: bool
+    reason: str
     metric: str
+    direction: str  # "max" or "min"
     value: float | None
     threshold: float | None
-    direction: str  # "max" or "min"
-    passed: bool
-    reason: str
+    champion_value: float | None = None
+    champion_version: int | None = None
+    min_improvement: float = 0.0
 
 
 class EvalReport(BaseModel):
@@ -39,12 +46,7 @@ class EvalReport(BaseModel):
     class_names: list[str] | None = None
     num_examples: int
     model_path: str | None = None
-    gate: GateResult | None = None
-
-    @property
-    def gate_passed(self) -> bool | None:
-        """The gate's verdict, or None when no gate was applied."""
-        return None if self.gate is None else self.gate.passed
+    gate: GateDecision | None = None
 
     def to_json(self) -> str:
         """The report as indented JSON (NaN metrics become null)."""
@@ -60,8 +62,8 @@ class EvalReport(BaseModel):
                  "| metric | value |", "|---|---|"]
         lines += [f"| {name} | {value:.4f} |" for name, value in self.metrics.items()]
         if self.gate is not None:
-            verdict = "passed" if self.gate.passed else "FAILED"
-            lines += ["", f"**Gate {verdict}:** {self.gate.reason}"]
+            verdict = "blessed" if self.gate.blessed else "NOT blessed"
+            lines += ["", f"**Gate: {verdict}.** {self.gate.reason}"]
         if self.confusion_matrix is not None:
             names = self.class_names or [str(i) for i in range(len(self.confusion_matrix))]
             lines += ["", "## Confusion matrix (rows: true, columns: predicted)", "",

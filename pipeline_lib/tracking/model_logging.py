@@ -70,11 +70,13 @@ def example_batch(manifest: Manifest, num_rows: int = 5,
     return {name: tensor.numpy() for name, tensor in inputs.items()}
 
 
-def log_and_register_model(run_id: str, tracking_uri: str, keras_path: str, registered_name: str,
+def log_and_register_model(run_id: str, tracking_uri: str, keras_path: str, registered_name: str | None,
                            example_input: Manifest | Mapping[str, Any], *,
                            tags: Mapping[str, Any] | None = None,
-                           storage_options: Mapping[str, Any] | None = None) -> ModelVersionInfo:
+                           storage_options: Mapping[str, Any] | None = None) -> ModelVersionInfo | None:
     """Log the exported model to the run with a signature inferred from an example batch, and register it.
+
+    With `registered_name` None the model is only logged to the run (a model the gate did not bless).
 
     Numeric-only models use MLflow's `keras` flavor (Keras 3 on TensorFlow). Keras 3's `predict` rejects
     string arrays, so a model with string inputs is logged as a models-from-code pyfunc that calls the
@@ -84,12 +86,12 @@ def log_and_register_model(run_id: str, tracking_uri: str, keras_path: str, regi
         run_id: the MLflow run.
         tracking_uri: the MLflow store (also the registry).
         keras_path: the exported `.keras` file (local path or fsspec URI).
-        registered_name: `tracking.registered_model`.
+        registered_name: `tracking.registered_model`, or None to log without registering.
         example_input: a dict of numpy inputs, or a Manifest to take the first eval rows from.
         tags: tags for the model version (credential-like names are dropped).
 
     Returns:
-        The registered name and version.
+        The registered name and version; None when not registered.
     """
     import mlflow
     from mlflow.models import Model, infer_signature
@@ -135,6 +137,9 @@ def log_and_register_model(run_id: str, tracking_uri: str, keras_path: str, regi
 
             client.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
             raise
+    if registered_name is None:
+        logger.info("logged the model to run %s (%s flavor), not registered", run_id, flavor)
+        return None
     version = int(info.registered_model_version)
     for name, value in clean_tags(tags).items():
         client.set_model_version_tag(registered_name, str(version), name, value)

@@ -1,10 +1,9 @@
-"""Champion and challenger on the MLflow model registry: the new-data check, the promotion rule, aliases, tags."""
+"""Champion and challenger on the MLflow model registry: the new-data check, the registration policy, aliases, tags."""
 
 from __future__ import annotations
 
 import glob as _glob
 import logging
-import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -14,17 +13,16 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline_lib.config import (
     ConfigError,
-    Direction,
-    GateConfig,
     PipelineConfig,
-    metric_direction,
+    RegisterPolicy,
     parse_config,
 )
 from pipeline_lib.core import storage
 from pipeline_lib.core.errors import TfdagError
 from pipeline_lib.data.manifest import SourceFingerprint
-from pipeline_lib.evaluation.gate import reaches_threshold, threshold_text
+from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.tracking.client import create_client
+from pipeline_lib.tracking.run import BLESSED_RUN_TAG
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +36,6 @@ CHAMPION_SCORE_TAG = "tfdag.champion_score"
 COMPARED_WITH_TAG = "tfdag.compared_with_version"
 GATE_METRIC_TAG = "tfdag.gate_metric"
 REASON_TAG = "tfdag.decision_reason"
-_TOLERANCE = 1e-9
 
 
 class RegistryError(TfdagError, RuntimeError):
@@ -66,72 +63,10 @@ class VersionInfo(BaseModel):
         return None if value is None else value.lower() == "true"
 
 
-class Decision(BaseModel):
-    """Whether the challenger replaces the champion, with both scores and why."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    blessed: bool
-    metric: str
-    direction: str  # "max" or "min"
-    challenger_score: float | None
-    champion_score: float | None
-    champion_version: int | None
-    min_improvement: float
-    reason: str
-
-
-def _is_number(value: float | None) -> bool:
-    return value is not None and not math.isnan(value)
-
-
-def decide(challenger_score: float | None, champion_score: float | None, gate: GateConfig,
-           min_improvement: float, champion_version: int | None = None) -> Decision:
-    """The promotion rule.
-
-    The challenger is blessed when it has a score, reaches `gate.threshold` (when set) and, when there is a
-    champion, beats it by at least `min_improvement` in the metric's direction (strictly, when the margin is 0:
-    a tie keeps the champion). With no champion the first model that passes the threshold is blessed.
-
-    Args:
-        challenger_score: the challenger's `gate.metric` on the new eval split.
-        champion_score: the champion's on the same split; None when there is no champion.
-        gate: `evaluation.gate` (metric, direction, threshold).
-        min_improvement: `evaluation.effective_min_improvement`.
-        champion_version: the champion's version number, for the reason text.
-
-    Returns:
-        The Decision.
-    """
-    direction = metric_direction(gate.metric, gate.direction)
-    metric = gate.metric
-
-    def verdict(blessed: bool, reason: str) -> Decision:
-        return Decision(blessed=blessed, metric=metric, direction=direction.value,
-                        challenger_score=challenger_score, champion_score=champion_score,
-                        champion_version=champion_version, min_improvement=min_improvement, reason=reason)
-
-    if not _is_number(challenger_score):
-        return verdict(False, f"the challenger has no {metric} score ({challenger_score})")
-    assert challenger_score is not None
-    if gate.threshold is not None and not reaches_threshold(challenger_score, gate.threshold, direction):
-        return verdict(False, f"challenger {metric} {challenger_score:.4f} misses evaluation.gate.threshold "
-                              f"({threshold_text(gate.threshold, direction)})")
-    if champion_version is None and champion_score is None:
-        return verdict(True, f"no champion yet; the first model ({metric} {challenger_score:.4f}) is promoted")
-    if not _is_number(champion_score):
-        return verdict(True, f"champion v{champion_version} has no {metric} score ({champion_score}) on the new "
-                             f"eval split; challenger {metric} {challenger_score:.4f} is promoted")
-    assert champion_score is not None
-    improvement = challenger_score - champion_score if direction == Direction.MAX else \
-        champion_score - challenger_score
-    # The tolerance keeps 0.95 - 0.90 (0.04999…) a win by a 0.05 margin.
-    better = improvement > _TOLERANCE if min_improvement == 0 else improvement >= min_improvement - _TOLERANCE
-    word = "higher" if direction == Direction.MAX else "lower"
-    comparison = (f"challenger {metric} {challenger_score:.4f} vs champion v{champion_version} "
-                  f"{champion_score:.4f} ({improvement:+.4f} in the {word}-is-better direction; "
-                  f"needs {'> 0' if min_improvement == 0 else f'≥ {min_improvement:g}'})")
-    return verdict(better, ("promoted: " if better else "kept the champion: ") + comparison)
+def registers(policy: RegisterPolicy, decision: GateDecision) -> bool:
+    """Whether `tracking.register` puts this model in the registry: a blessed one always, another only with
+    `always` (tagged blessed=false, without an alias)."""
+    return decision.blessed or policy == RegisterPolicy.ALWAYS
 
 
 def _version_info(mv) -> VersionInfo:
@@ -178,15 +113,33 @@ class TrainCheck(BaseModel):
     version: int | None = None  # the version whose data matches, when skipping
 
 
+def last_refused_run(tracking_uri: str, experiment: str, fingerprint: SourceFingerprint,
+                     config_hash: str) -> str | None:
+    """The newest MLflow run that trained on exactly this data and config and was not blessed, or None.
+
+    With `tracking.register: blessed` such a run registered nothing, so its run tags are the only record.
+    """
+    client = create_client(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client.search_runs(
+        [found.experiment_id], max_results=1, order_by=["attributes.start_time DESC"],
+        filter_string=(f"tags.`{BLESSED_RUN_TAG}` = 'false' and tags.`{FINGERPRINT_TAG}` = '{fingerprint.sha256}' "
+                       f"and tags.`{CONFIG_HASH_TAG}` = '{config_hash}'"))
+    return runs[0].info.run_id if runs else None
+
+
 def check_for_new_data(fingerprint: SourceFingerprint, config_hash: str, champion: VersionInfo | None,
-                       latest: VersionInfo | None) -> TrainCheck:
+                       latest: VersionInfo | None, refused_run_id: str | None = None) -> TrainCheck:
     """Train when the data differs from the champion's (and from a refused challenger's of the same config).
 
     `fingerprint` is `data.sources.source_fingerprint(config.data)`: the source files' paths, sizes and mtimes or
     etags (a listing, no content read) with the conversion settings, the same value the manifest records.
 
     A challenger refused on exactly this data and config would be retrained to the same refusal every night,
-    so that case is skipped as well; change the data or the config (or pass `force`) to try again.
+    so that case is skipped as well (`latest` when it was registered, else `refused_run_id`, from
+    `last_refused_run`); change the data or the config (or pass `force`) to try again.
     """
     short = fingerprint.sha256[:12]
     if champion is not None and champion.source_fingerprint == fingerprint.sha256:
@@ -199,6 +152,11 @@ def check_for_new_data(fingerprint: SourceFingerprint, config_hash: str, champio
                           message=f"no new data since version {latest.version}, which was not promoted with this "
                                   f"same config (source fingerprint {short}); change the data or the "
                                   "config, or pass force=true, to train again")
+    if refused_run_id is not None:
+        return TrainCheck(train=False,
+                          message=f"no new data since MLflow run {refused_run_id}, whose model was not blessed with "
+                                  f"this same config (source fingerprint {short}); change the data or the config, "
+                                  "or pass force=true, to train again")
     if champion is None:
         return TrainCheck(train=True, message="no champion yet: training the first model")
     seen = champion.source_fingerprint[:12] if champion.source_fingerprint else "untagged"
@@ -206,10 +164,14 @@ def check_for_new_data(fingerprint: SourceFingerprint, config_hash: str, champio
                                           f"champion's (version {champion.version}, {seen})")
 
 
-def record_decision(tracking_uri: str, model_name: str, challenger_version: int | str, decision: Decision, *,
+def record_decision(tracking_uri: str, model_name: str, challenger_version: int | str, decision: GateDecision, *,
                     fingerprint: SourceFingerprint | None = None, config_hash: str | None = None,
-                    alias: str = CHAMPION_ALIAS) -> VersionInfo:
-    """Tag the challenger version with the verdict and both scores; move the alias when it is blessed.
+                    alias: str | None = CHAMPION_ALIAS) -> VersionInfo:
+    """Tag the challenger version with the gate's decision and both scores; move the alias when it is blessed.
+
+    Args:
+        alias: the alias a blessed version takes; None tags only (the training pipeline), the retrain flow
+            promotes. A version that is not blessed never gets an alias.
 
     Returns:
         The challenger version as the registry now holds it.
@@ -222,8 +184,8 @@ def record_decision(tracking_uri: str, model_name: str, challenger_version: int 
 
     tags = {
         BLESSED_TAG: "true" if decision.blessed else "false",
-        CHALLENGER_SCORE_TAG: score(decision.challenger_score),
-        CHAMPION_SCORE_TAG: score(decision.champion_score),
+        CHALLENGER_SCORE_TAG: score(decision.value),
+        CHAMPION_SCORE_TAG: score(decision.champion_value),
         GATE_METRIC_TAG: f"{decision.metric} ({decision.direction})",
         COMPARED_WITH_TAG: "none" if decision.champion_version is None else str(decision.champion_version),
         REASON_TAG: decision.reason[:5000],
@@ -234,11 +196,11 @@ def record_decision(tracking_uri: str, model_name: str, challenger_version: int 
         tags[CONFIG_HASH_TAG] = config_hash
     for key, value in tags.items():
         client.set_model_version_tag(model_name, version, key, value)
-    if decision.blessed:
+    if decision.blessed and alias:
         client.set_registered_model_alias(model_name, alias, version)
         logger.info("%s version %s is now %r: %s", model_name, version, alias, decision.reason)
-    else:
-        logger.info("%s version %s not promoted: %s", model_name, version, decision.reason)
+    elif not decision.blessed:
+        logger.info("%s version %s not blessed: %s", model_name, version, decision.reason)
     return get_version(tracking_uri, model_name, version)
 
 

@@ -1,4 +1,5 @@
-"""The MLflow run of one pipeline run: its experiment, start and end, params, final metrics, artifacts, restarts."""
+"""The MLflow run of one pipeline run: its experiment, start and end, params, final metrics, blessing, artifacts,
+restarts."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
 from pipeline_lib.core.errors import UserError
 from pipeline_lib.core.secrets import is_secret_name
+from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.tracking.client import MAX_TAG_VALUE, clean_tags, create_client
 
 logger = logging.getLogger(__name__)
@@ -23,6 +25,9 @@ logger = logging.getLogger(__name__)
 FINAL_METRIC_PREFIX = "final_eval_"
 # The stage that raised, on a run that ended FAILED or KILLED.
 FAILED_STAGE_TAG = "tfdag.failed_stage"
+# The gate's decision on the run's model: "true" or "false", and why.
+BLESSED_RUN_TAG = "tfdag.blessed"
+GATE_REASON_RUN_TAG = "tfdag.gate_reason"
 # MLflow's own limits (mlflow.utils.validation).
 _MAX_PARAMS_PER_BATCH = 100
 _MAX_PARAM_VALUE = 6000
@@ -158,6 +163,14 @@ def log_final_metrics(run_id: str, tracking_uri: str, metrics: Mapping[str, floa
     entries = [Metric(f"{prefix}{name}", float(value), timestamp, step)
                for name, value in metrics.items() if not math.isnan(float(value))]
     create_client(tracking_uri).log_batch(run_id, metrics=entries, synchronous=True)
+
+
+def record_blessing(run_id: str, tracking_uri: str, decision: GateDecision) -> None:
+    """Tag the run `tfdag.blessed` (true/false) with the gate's reason; a run that is not blessed still ends
+    FINISHED."""
+    client = create_client(tracking_uri)
+    client.set_tag(run_id, BLESSED_RUN_TAG, "true" if decision.blessed else "false")
+    client.set_tag(run_id, GATE_REASON_RUN_TAG, decision.reason[:MAX_TAG_VALUE])
 
 
 def record_restart(run_id: str, tracking_uri: str, attempt: int, cause: str) -> None:

@@ -45,6 +45,7 @@ def test_training_pipeline_end_to_end(tmp_path, prefect_api):
     summary = training_pipeline(config)
 
     assert summary.metrics["accuracy"] >= 0.9
+    assert summary.blessed and summary.gate.blessed and summary.champion_metrics == {}
     assert summary.num_replicas == 2 and summary.global_batch_size == 64
     client = MlflowClient(tracking_uri=config.mlflow_uri)
     run = client.get_run(summary.mlflow_run_id)
@@ -73,6 +74,9 @@ def test_training_pipeline_end_to_end(tmp_path, prefect_api):
     assert {"data", "cluster", "evaluation"} <= artifacts
     version = client.get_model_version("digits-flow-test", summary.model_version)
     assert version.run_id == run.info.run_id
+    # A passing gate registers as before, tagged blessed; the training pipeline itself moves no alias.
+    assert run.data.tags["tfdag.blessed"] == "true" and version.tags["blessed"] == "true"
+    assert not version.aliases
 
     # The exported model reloads and gives the registered model's predictions.
     import keras
@@ -108,6 +112,67 @@ def test_cli_run_json_prints_summary_on_last_line(tmp_path, prefect_api):
     assert summary["pipeline"] == "digits-flow-test"
     assert summary["mlflow_run_id"] and summary["model_version"] == "1"
     assert summary["strategy"] == "default" and summary["global_batch_size"] == 32
+
+
+@pytest.mark.slow
+def test_a_model_the_gate_refuses_is_not_registered_and_tfdag_run_exits_3(tmp_path, prefect_api):
+    """An unreachable threshold: the model is logged to a FINISHED run, not registered; every surface says so."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+    from prefect.client.orchestration import get_client
+
+    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=1)
+    data["name"] = "digits-not-blessed"
+    data["tracking"]["registered_model"] = "digits-not-blessed"
+    data["evaluation"]["gate"] = {"metric": "accuracy", "threshold": 0.9999}
+    path = tmp_path / "digits.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(path), "--json"], cwd=ROOT, check=False,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 3, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    summary = json.loads(lines[-1])
+    assert summary["blessed"] is False and summary["model_version"] is None
+    gate = summary["gate"]
+    assert gate["metric"] == "accuracy" and gate["threshold"] == 0.9999 and gate["champion_value"] is None
+    assert gate["value"] == pytest.approx(summary["metrics"]["accuracy"])
+    assert "misses evaluation.gate.threshold (≥ 0.9999)" in gate["reason"]
+    assert lines[-2].startswith("tfdag | blessed: false | accuracy ") and "≥ 0.9999" in lines[-2]
+    assert lines[-3] == "tfdag | not registered (tracking.register: blessed)"
+
+    config = parse_config(data)
+    client = MlflowClient(tracking_uri=config.mlflow_uri, registry_uri=config.mlflow_uri)
+    assert client.search_model_versions("name = 'digits-not-blessed'") == []
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and "tfdag.failed_stage" not in run.data.tags
+    assert run.data.tags["tfdag.blessed"] == "false"
+    logged = client.search_logged_models(experiment_ids=[run.info.experiment_id])
+    assert [m.source_run_id for m in logged] == [run.info.run_id]  # logged to the run, not registered
+    with get_client(sync_client=True) as prefect:
+        flow_run = prefect.read_flow_run(run.data.tags["prefect_flow_run_id"])
+    assert flow_run.state.is_completed() and flow_run.state.name == "Not blessed"
+    assert "misses evaluation.gate.threshold" in flow_run.state.message
+
+
+@pytest.mark.slow
+def test_register_always_registers_a_refused_model_tagged_blessed_false_without_an_alias(tmp_path, prefect_api):
+    from mlflow.tracking import MlflowClient
+
+    from flows.pipeline import training_pipeline
+
+    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=1)
+    data["name"] = data["tracking"]["registered_model"] = "digits-register-always"
+    data["tracking"]["register"] = "always"
+    data["evaluation"]["gate"] = {"metric": "accuracy", "threshold": 0.9999}
+    config = parse_config(data)
+    summary = training_pipeline(config)  # the in-process call still returns the summary
+
+    assert not summary.blessed and summary.model_version == "1"
+    client = MlflowClient(tracking_uri=config.mlflow_uri, registry_uri=config.mlflow_uri)
+    version = client.get_model_version("digits-register-always", "1")
+    assert version.tags["blessed"] == "false" and "threshold" in version.tags["tfdag.decision_reason"]
+    assert not version.aliases and not client.get_registered_model("digits-register-always").aliases
+    assert client.get_run(summary.mlflow_run_id).info.status == "FINISHED"
 
 
 def test_cli_rejects_bad_config_before_anything_runs(tmp_path):

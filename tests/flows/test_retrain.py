@@ -99,35 +99,48 @@ def test_unchanged_data_is_skipped_then_new_rows_make_a_version_and_a_worse_one_
     assert len(mlflow_client.search_runs([experiment.experiment_id])) == num_runs
     assert set(_versions(mlflow_client)) == {1}
 
-    # 2. New rows: a new version, compared with the champion on the same new eval split.
+    # 2. New rows: the challenger is compared with the champion on the same new eval split, and registered
+    # (as the new champion) only when it beats it.
     retrain_scenario.append_rows(INITIAL_ROWS, INITIAL_ROWS + FIRST_APPEND)
     grown = retrain_scenario.run()
     _assert_ok(grown, retrain_scenario)
+    [grown_run] = _runs(mlflow_client, experiment, retrain_scenario.source_fingerprint())
+    blessed = grown_run.data.tags["tfdag.blessed"] == "true"
     versions = _versions(mlflow_client)
-    assert set(versions) == {1, 2}
-    v2 = versions[2].tags
-    assert v2[registry.FINGERPRINT_TAG] == retrain_scenario.source_fingerprint()
-    assert v2[registry.COMPARED_WITH_TAG] == "1"
-    challenger, champion = float(v2[registry.CHALLENGER_SCORE_TAG]), float(v2[registry.CHAMPION_SCORE_TAG])
-    blessed = v2[registry.BLESSED_TAG] == "true"
-    assert blessed == (challenger > champion)
+    assert set(versions) == ({1, 2} if blessed else {1})
+    if blessed:
+        v2 = versions[2].tags
+        assert v2[registry.FINGERPRINT_TAG] == retrain_scenario.source_fingerprint()
+        assert v2[registry.COMPARED_WITH_TAG] == "1" and v2[registry.BLESSED_TAG] == "true"
+        assert float(v2[registry.CHALLENGER_SCORE_TAG]) > float(v2[registry.CHAMPION_SCORE_TAG])
     assert _champion(mlflow_client) == (2 if blessed else 1)
     champion_before = _champion(mlflow_client)
+    num_versions = len(versions)
 
-    # 3. More rows, but a deliberately worse challenger (one training step): the alias stays.
+    # 3. More rows, but a deliberately worse challenger (one training step): not blessed, so not registered;
+    # its MLflow run ends FINISHED, tagged tfdag.blessed=false, and the alias stays.
     retrain_scenario.append_rows(INITIAL_ROWS + FIRST_APPEND, len(retrain_scenario.rows) - 1)
     worse = retrain_scenario.run(params={"overrides": {"train.steps": 1}})
     _assert_ok(worse, retrain_scenario)
     state = _read_flow_run(_flow_run_id(worse.stdout)).state
-    assert state.is_completed() and "version 3 not promoted" in state.message
-    v3 = _versions(mlflow_client)[3].tags
-    assert v3[registry.BLESSED_TAG] == "false"
-    assert v3[registry.COMPARED_WITH_TAG] == str(champion_before)
-    assert float(v3[registry.CHALLENGER_SCORE_TAG]) < float(v3[registry.CHAMPION_SCORE_TAG])
+    assert state.is_completed() and "not promoted (not registered)" in state.message
+    assert f"champion v{champion_before}" in state.message
+    assert len(_versions(mlflow_client)) == num_versions
     assert _champion(mlflow_client) == champion_before
-    worse_run = mlflow_client.get_run(_versions(mlflow_client)[3].run_id)
+    [worse_run] = _runs(mlflow_client, experiment, retrain_scenario.source_fingerprint())
+    assert worse_run.data.tags["tfdag.blessed"] == "false" and worse_run.info.status == "FINISHED"
     assert int(worse_run.data.params["total_steps"]) == 1
 
+    # 4. The same data and config again: the refused run is remembered without a version; nothing trains.
+    again = retrain_scenario.run(params={"overrides": {"train.steps": 1}})
+    _assert_ok(again, retrain_scenario)
+    state = _read_flow_run(_flow_run_id(again.stdout)).state
+    assert state.is_completed() and f"no new data since MLflow run {worse_run.info.run_id}" in state.message
+
+
+def _runs(client, experiment, fingerprint: str) -> list:
+    return client.search_runs([experiment.experiment_id],
+                              filter_string=f"tags.`{registry.FINGERPRINT_TAG}` = '{fingerprint}'")
 
 def test_a_failure_after_the_training_subflow_ends_the_challengers_mlflow_run_failed(tmp_path, prefect_api,
                                                                                       monkeypatch):

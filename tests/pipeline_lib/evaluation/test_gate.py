@@ -1,4 +1,4 @@
-"""The evaluation gate: thresholds in each direction, lower-is-better metrics, a missing metric."""
+"""The evaluation gate: thresholds in each direction, lower-is-better metrics, a missing metric, the champion."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ def test_gate_directions_and_missing_metric():
     report = EvalReport(task="regression", metrics={"loss": 0.5, "mae": 0.4, "rmse": 0.7},
                                    num_examples=3)
     # Lower is better for mae whatever the configured direction says.
-    assert gate.apply_gate(report, GateConfig(metric="mae", threshold=0.5)).passed
-    assert not gate.apply_gate(report, GateConfig(metric="mae", threshold=0.3)).passed
-    assert gate.apply_gate(report, GateConfig(metric="accuracy")).passed  # no threshold: nothing to reach
+    assert gate.apply_gate(report, GateConfig(metric="mae", threshold=0.5)).blessed
+    assert not gate.apply_gate(report, GateConfig(metric="mae", threshold=0.3)).blessed
+    assert gate.apply_gate(report, GateConfig(metric="accuracy")).blessed  # no threshold: nothing to reach
     with pytest.raises(EvaluationError, match=r"evaluation.gate.metric \('accuracy'\) is not among"):
         gate.apply_gate(report, GateConfig(metric="accuracy", threshold=0.9))
 
@@ -27,8 +27,8 @@ def test_gate_directions_and_missing_metric():
 def test_lower_is_better_metrics_gate_on_a_maximum_whatever_the_direction(metric):
     report = EvalReport(task="regression", metrics={"loss": 0.5, "mae": 0.5, "rmse": 0.5}, num_examples=3)
     verdict = gate.apply_gate(report, GateConfig(metric=metric, direction=Direction.MAX, threshold=0.6))
-    assert verdict.passed and verdict.direction == "min"
-    assert verdict.reason == f"{metric} = 0.5000, needs ≤ 0.6"
+    assert verdict.blessed and verdict.direction == "min"
+    assert verdict.reason == f"{metric} 0.5000 reaches ≤ 0.6; no champion yet"
 
 
 def test_reaches_threshold_in_both_directions_and_never_for_nan_or_none():
@@ -37,3 +37,63 @@ def test_reaches_threshold_in_both_directions_and_never_for_nan_or_none():
     assert not gate.reaches_threshold(math.nan, 0.0, Direction.MAX)
     assert not gate.reaches_threshold(None, 0.0, Direction.MIN)
     assert gate.threshold_text(0.9, Direction.MAX) == "≥ 0.9" and gate.threshold_text(0.2, Direction.MIN) == "≤ 0.2"
+
+
+MAX_ACC = GateConfig(metric="accuracy", direction=Direction.MAX)
+
+
+def test_the_first_model_is_blessed_unless_it_misses_the_threshold():
+    decision = gate.decide(0.5, MAX_ACC)
+    assert decision.blessed and "no champion yet" in decision.reason
+    refused = gate.decide(0.5, GateConfig(metric="accuracy", threshold=0.9))
+    assert not refused.blessed
+    assert (refused.metric, refused.value, refused.threshold, refused.champion_value) == ("accuracy", 0.5, 0.9, None)
+    assert refused.reason == "accuracy 0.5000 misses evaluation.gate.threshold (≥ 0.9)"
+
+
+@pytest.mark.parametrize("challenger, champion, margin, blessed", [
+    (0.95, 0.90, 0.0, True),
+    (0.90, 0.90, 0.0, False),  # a tie keeps the champion
+    (0.80, 0.90, 0.0, False),
+    (0.92, 0.90, 0.05, False),  # better, but not by the margin
+    (0.95, 0.90, 0.05, True),
+])
+def test_higher_is_better_with_a_margin_over_the_champion(challenger, champion, margin, blessed):
+    decision = gate.decide(challenger, MAX_ACC, margin, champion_value=champion, champion_version=3)
+    assert decision.blessed is blessed
+    assert "v3" in decision.reason
+    assert (decision.value, decision.champion_value, decision.champion_version) == (challenger, champion, 3)
+
+
+@pytest.mark.parametrize("metric", ["loss", "mae", "rmse"])
+def test_loss_mae_and_rmse_are_lower_is_better_against_the_champion_too(metric):
+    config = GateConfig(metric=metric, direction=Direction.MAX)
+    better = gate.decide(0.2, config, champion_value=0.3, champion_version=1)
+    assert better.blessed and better.direction == "min"
+    assert not gate.decide(0.4, config, champion_value=0.3, champion_version=1).blessed
+    refused = gate.decide(0.3, config.model_copy(update={"threshold": 0.25}))
+    assert not refused.blessed and "misses evaluation.gate.threshold (≤ 0.25)" in refused.reason
+
+
+def test_min_direction_on_a_custom_metric():
+    config = GateConfig(metric="auc", direction=Direction.MIN)
+    assert gate.decide(0.1, config, 0.05, champion_value=0.2, champion_version=1).blessed
+    assert not gate.decide(0.18, config, 0.05, champion_value=0.2, champion_version=1).blessed
+
+
+def test_a_nan_model_is_never_blessed_and_a_nan_champion_is_replaced():
+    assert not gate.decide(math.nan, MAX_ACC, champion_value=0.9, champion_version=1).blessed
+    assert not gate.decide(math.nan, MAX_ACC).blessed
+    assert gate.decide(0.5, MAX_ACC, champion_value=math.nan, champion_version=1).blessed
+
+
+def test_apply_gate_compares_with_the_champions_report_of_the_same_split():
+    report = EvalReport(task="classification", metrics={"accuracy": 0.88}, num_examples=3)
+    champion = EvalReport(task="classification", metrics={"accuracy": 0.91}, num_examples=3)
+    decision = gate.apply_gate(report, GateConfig(metric="accuracy", threshold=0.8), champion=champion,
+                               champion_version=2)
+    assert not decision.blessed and decision.champion_value == 0.91 and decision.threshold == 0.8
+    assert "does not beat the champion" in decision.reason and "champion v2 0.9100" in decision.reason
+    regression = EvalReport(task="regression", metrics={"mae": 0.1}, num_examples=3)
+    with pytest.raises(EvaluationError, match="is not among"):
+        gate.apply_gate(regression, MAX_ACC, champion=regression, champion_version=1)

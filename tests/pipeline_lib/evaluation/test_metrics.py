@@ -11,6 +11,7 @@ from sklearn.metrics import roc_auc_score
 
 from pipeline_lib.config import GateConfig, Task, parse_config
 from pipeline_lib.evaluation import metrics as evaluation
+from pipeline_lib.evaluation.gate import apply_gate
 from tests.conftest import NUM_CLASSES, generate_rows, write_dataset
 from tests.pipeline_lib.evaluation.conftest import NUM_EVAL, linear_model
 
@@ -42,7 +43,7 @@ def test_classification_metrics_match_hand_computation(classification_setup):
         roc_auc_score(labels, probs, multi_class="ovr", average="macro"), rel=1e-5)
     assert report.confusion_matrix == sk_confusion_matrix(labels, predicted, labels=range(NUM_CLASSES)).tolist()
     assert sum(map(sum, report.confusion_matrix)) == NUM_EVAL
-    assert report.gate is None and report.gate_passed is None
+    assert report.gate is None
 
 
 def test_batch_size_does_not_change_metrics(classification_setup):
@@ -109,13 +110,12 @@ def test_evaluate_loads_the_keras_file_and_applies_the_gate(classification_setup
     report = evaluation.evaluate(config, manifest, path)
 
     assert report.metrics == pytest.approx(direct.metrics)
-    assert report.gate_passed is True
+    assert report.gate is None  # the gate is decided after, with the champion (evaluation.gate.apply_gate)
     assert report.model_path == path
-    strict = config.model_copy(update={"evaluation": config.evaluation.model_copy(
-        update={"gate": GateConfig(metric="accuracy", threshold=direct.metrics["accuracy"] + 0.01)})})
-    failed = evaluation.evaluate(strict, manifest, path)
-    assert failed.gate_passed is False
-    assert "needs ≥" in failed.gate.reason
+    assert apply_gate(report, config.evaluation.gate).blessed
+    strict = GateConfig(metric="accuracy", threshold=direct.metrics["accuracy"] + 0.01)
+    failed = apply_gate(report, strict)
+    assert not failed.blessed and "misses evaluation.gate.threshold (≥" in failed.reason
 
 
 def test_missing_model_file_names_the_path(tiny_manifest, tmp_path):

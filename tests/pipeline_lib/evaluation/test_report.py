@@ -18,8 +18,8 @@ def test_report_markdown_and_json(classification_setup):
     markdown = report.to_markdown()
     assert "| accuracy |" in markdown and "Confusion matrix" in markdown
     assert f"| **0** | {' | '.join(str(c) for c in report.confusion_matrix[0])} |" in markdown
-    assert "Gate passed" in markdown
+    assert "**Gate: blessed.**" in markdown
     payload = json.loads(report.to_json())
     assert payload["confusion_matrix"] == report.confusion_matrix
     assert payload["metrics"]["accuracy"] == pytest.approx(report.metrics["accuracy"])
-    assert payload["gate"]["passed"] is True
+    assert payload["gate"]["blessed"] is True

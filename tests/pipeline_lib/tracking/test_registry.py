@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -13,12 +11,14 @@ from pipeline_lib.config import (
     Direction,
     GateConfig,
     ModelConfig,
-    metric_direction,
+    RegisterPolicy,
     parse_config,
 )
 from pipeline_lib.data.manifest import SourceFile, SourceFingerprint
 from pipeline_lib.data.sources import source_fingerprint
+from pipeline_lib.evaluation.gate import decide
 from pipeline_lib.tracking import registry
+from pipeline_lib.tracking.run import BLESSED_RUN_TAG
 
 # --- the source fingerprint the retrain flow compares ---------------------------------------------------------
 
@@ -47,57 +47,16 @@ def test_source_fingerprint_of_a_glob_sees_a_new_file(tmp_path):
     assert (len(before.files), len(after.files)) == (2, 3) and after.sha256 != before.sha256
 
 
-# --- the promotion rule ---------------------------------------------------------------------------------------
+# --- the registration policy (the promotion rule itself is evaluation.gate.decide, tested there) ------------
 
 MAX_ACC = GateConfig(metric="accuracy", direction=Direction.MAX)
 
 
-def test_first_model_is_promoted():
-    decision = registry.decide(0.5, None, MAX_ACC, 0.0)
-    assert decision.blessed and "no champion yet" in decision.reason
-
-
-def test_first_model_below_the_threshold_is_not_promoted():
-    gate = GateConfig(metric="accuracy", direction=Direction.MAX, threshold=0.9)
-    decision = registry.decide(0.5, None, gate, 0.0)
-    assert not decision.blessed and "threshold" in decision.reason
-
-
-@pytest.mark.parametrize("challenger, champion, margin, blessed", [
-    (0.95, 0.90, 0.0, True),
-    (0.90, 0.90, 0.0, False),  # a tie keeps the champion
-    (0.80, 0.90, 0.0, False),
-    (0.92, 0.90, 0.05, False),  # better, but not by the margin
-    (0.95, 0.90, 0.05, True),
-])
-def test_higher_is_better_with_a_margin(challenger, champion, margin, blessed):
-    decision = registry.decide(challenger, champion, MAX_ACC, margin, champion_version=3)
-    assert decision.blessed is blessed
-    assert "v3" in decision.reason
-    assert (decision.challenger_score, decision.champion_score) == (challenger, champion)
-
-
-@pytest.mark.parametrize("metric", ["loss", "mae", "rmse"])
-def test_loss_mae_and_rmse_are_lower_is_better_whatever_the_gate_direction_says(metric):
-    gate = GateConfig(metric=metric, direction=Direction.MAX)
-    assert metric_direction(gate.metric, gate.direction) == Direction.MIN
-    assert registry.decide(0.2, 0.3, gate, 0.0, champion_version=1).blessed
-    assert registry.decide(0.2, 0.3, gate, 0.0, champion_version=1).direction == "min"
-    assert not registry.decide(0.4, 0.3, gate, 0.0, champion_version=1).blessed
-    threshold = gate.model_copy(update={"threshold": 0.25})
-    refused = registry.decide(0.3, None, threshold, 0.0)
-    assert not refused.blessed and "misses evaluation.gate.threshold (≤ 0.25)" in refused.reason
-
-
-def test_min_direction_on_a_custom_metric():
-    gate = GateConfig(metric="auc", direction=Direction.MIN)
-    assert registry.decide(0.1, 0.2, gate, 0.05, champion_version=1).blessed
-    assert not registry.decide(0.18, 0.2, gate, 0.05, champion_version=1).blessed
-
-
-def test_a_nan_challenger_is_never_promoted_and_a_nan_champion_is_replaced():
-    assert not registry.decide(math.nan, 0.9, MAX_ACC, 0.0, champion_version=1).blessed
-    assert registry.decide(0.5, math.nan, MAX_ACC, 0.0, champion_version=1).blessed
+def test_only_a_blessed_model_is_registered_unless_register_is_always():
+    blessed, refused = decide(0.9, MAX_ACC), decide(0.1, MAX_ACC, champion_value=0.9, champion_version=1)
+    assert registry.registers(RegisterPolicy.BLESSED, blessed) and registry.registers(RegisterPolicy.ALWAYS, blessed)
+    assert not registry.registers(RegisterPolicy.BLESSED, refused)
+    assert registry.registers(RegisterPolicy.ALWAYS, refused)
 
 
 # --- config overrides -----------------------------------------------------------------------------------------
@@ -161,13 +120,13 @@ def test_no_champion_until_an_alias_is_set(store):
 def test_record_decision_tags_both_scores_and_moves_the_alias_only_when_blessed(store):
     uri, client, new_version = store
     v1 = new_version()
-    first = registry.decide(0.8, None, MAX_ACC, 0.0)
+    first = decide(0.8, MAX_ACC)
     info = registry.record_decision(uri, "m", v1, first, fingerprint=_fingerprint("a" * 64), config_hash="h")
     assert info.blessed is True and info.source_fingerprint == "a" * 64
     assert registry.get_champion(uri, "m").version == 1
 
     v2 = new_version()
-    worse = registry.decide(0.7, 0.8, MAX_ACC, 0.0, champion_version=1)
+    worse = decide(0.7, MAX_ACC, champion_value=0.8, champion_version=1)
     info = registry.record_decision(uri, "m", v2, worse, fingerprint=_fingerprint("b" * 64), config_hash="h")
     assert info.blessed is False
     assert float(info.tags[registry.CHALLENGER_SCORE_TAG]) == 0.7
@@ -176,7 +135,9 @@ def test_record_decision_tags_both_scores_and_moves_the_alias_only_when_blessed(
     assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
 
     v3 = new_version()
-    better = registry.decide(0.9, 0.8, MAX_ACC, 0.0, champion_version=1)
+    better = decide(0.9, MAX_ACC, champion_value=0.8, champion_version=1)
+    registry.record_decision(uri, "m", v3, better, alias=None)  # the training pipeline tags, never promotes
+    assert registry.get_champion(uri, "m").version == 1
     registry.record_decision(uri, "m", v3, better)
     champion = registry.get_champion(uri, "m")
     assert champion.version == 3 and "champion" in champion.aliases
@@ -188,19 +149,37 @@ def test_check_for_new_data_skips_the_champions_data_and_a_refused_retry(store):
     check = registry.check_for_new_data(fp_a, "h", None, None)
     assert check.train and "no champion yet" in check.message
 
-    registry.record_decision(uri, "m", new_version(), registry.decide(0.8, None, MAX_ACC, 0.0),
+    registry.record_decision(uri, "m", new_version(), decide(0.8, MAX_ACC),
                              fingerprint=fp_a, config_hash="h")
     champion = registry.get_champion(uri, "m")
     check = registry.check_for_new_data(fp_a, "h", champion, registry.latest_version(uri, "m"))
     assert not check.train and check.message.startswith("no new data since version 1")
 
-    registry.record_decision(uri, "m", new_version(), registry.decide(0.1, 0.8, MAX_ACC, 0.0, champion_version=1),
+    registry.record_decision(uri, "m", new_version(), decide(0.1, MAX_ACC, champion_value=0.8, champion_version=1),
                              fingerprint=fp_b, config_hash="h")
     latest = registry.latest_version(uri, "m")
     check = registry.check_for_new_data(fp_b, "h", champion, latest)
     assert not check.train and check.version == 2 and "not promoted" in check.message
     assert registry.check_for_new_data(fp_b, "other-config", champion, latest).train
     assert registry.check_for_new_data(_fingerprint("c" * 64), "h", champion, latest).train
+
+
+def test_a_refused_run_that_registered_nothing_is_not_retrained_on_the_same_data(store):
+    """With tracking.register: blessed a refused challenger leaves only its MLflow run, tagged tfdag.blessed=false."""
+    uri, client, _new_version = store
+    fp = _fingerprint("d" * 64)
+    experiment = client.get_experiment_by_name("registry-test").experiment_id
+    assert registry.last_refused_run(uri, "registry-test", fp, "h") is None
+    assert registry.last_refused_run(uri, "no-such-experiment", fp, "h") is None
+    run = client.create_run(experiment, tags={BLESSED_RUN_TAG: "false", registry.FINGERPRINT_TAG: fp.sha256,
+                                              registry.CONFIG_HASH_TAG: "h"})
+    client.create_run(experiment, tags={BLESSED_RUN_TAG: "true", registry.FINGERPRINT_TAG: "e" * 64,
+                                        registry.CONFIG_HASH_TAG: "h"})
+    refused = registry.last_refused_run(uri, "registry-test", fp, "h")
+    assert refused == run.info.run_id
+    assert registry.last_refused_run(uri, "registry-test", fp, "other-config") is None
+    check = registry.check_for_new_data(fp, "h", None, None, refused)
+    assert not check.train and run.info.run_id in check.message and "not blessed" in check.message
 
 
 # --- warm start -----------------------------------------------------------------------------------------------
