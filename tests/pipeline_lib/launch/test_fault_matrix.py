@@ -8,7 +8,8 @@ for a moment that is shorter than every bound, and the outside signal lands duri
 TFDAG_FAULT hooks alone.
 
 Each case trains 2 workers × 16 examples on 512 rows (16 steps an epoch) for 30 steps, a checkpoint every 10,
-with `hang_timeout_s` 5: stepping may be silent 5 s, saving and finishing 15 s.
+with `hang_timeout_s` 5: stepping may be silent 5 s, saving and finishing 15 s; starting 125 s, which the one
+starting-hang case shortens for itself (the supervisor's STARTUP_ALLOWANCE_S, monkeypatched to 10 s).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import psutil
 import pytest
 
 from pipeline_lib.checkpoints import manifests
+from pipeline_lib.launch import supervisor
 from pipeline_lib.launch.heartbeat import read_heartbeat
 from pipeline_lib.launch.local import LaunchResult, launch
-from pipeline_lib.launch.spec import PREEMPTION_EXIT_CODE, WorkerSpec
+from pipeline_lib.launch.spec import PREEMPTION_EXIT_CODE, RESULT_NAME, WorkerSpec
 from pipeline_lib.launch.supervisor import phase_bound_s
 from pipeline_lib.training.hooks import Phase
 from tests.pipeline_lib.launch_support import (
@@ -257,3 +259,157 @@ def test_non_chief_preempted_in_its_last_10_steps(tmp_path, dataset):
     resumed = outcome.result.restarts[0].resumed_step
     assert TOTAL_STEPS - 10 <= 25 <= resumed < TOTAL_STEPS
     assert f"worker 0 preempted at step {resumed}" in logs.text and f"worker 1 preempted at step {resumed}" in logs.text
+
+
+def test_chief_preempted_in_its_last_10_steps(tmp_path, dataset):
+    # Outside SIGTERM to the chief while it pauses after step 25: the same coordinated checkpoint, exit 138.
+    config, spec = _setup(tmp_path, dataset)
+    logs = LogCapture()
+    outside = Outside(_log_has(logs, "sleep fires in worker 0 after step 25"), 0, signal.SIGTERM)
+    outcome, calls, logs = _launch_with(spec, config, outside, logs=logs,
+                                        fault="sleep:worker=0:step=25:seconds=2")
+    _assert_complete(outcome, spec, restarts=1)
+    (_, story), = calls
+    assert story.startswith(f"worker 0 exited {PREEMPTION_EXIT_CODE} (preempted"), story
+    resumed = outcome.result.restarts[0].resumed_step
+    assert TOTAL_STEPS - 10 <= 25 <= resumed < TOTAL_STEPS
+    assert f"worker 0 preempted at step {resumed}" in logs.text and f"worker 1 preempted at step {resumed}" in logs.text
+
+
+# --- more kills at the start and during a restart ---------------------------------------------------------------
+
+def test_chief_sigkilled_during_start_up(tmp_path, dataset):
+    # Outside, no TFDAG_FAULT: the chief is killed as soon as its first heartbeat (starting, nothing restored
+    # yet) is on disk: during its import, preflight and strategy set-up, before any step.
+    config, spec = _setup(tmp_path, dataset)
+
+    def starting_before_restore() -> bool:
+        beat = _beat(spec, 0)
+        return beat.get("phase") == Phase.STARTING.value and beat.get("start_step") is None
+
+    outside = Outside(starting_before_restore, 0, signal.SIGKILL)
+    outcome, calls, _ = _launch_with(spec, config, outside)
+    _assert_complete(outcome, spec, restarts=1)
+    (_, story), = calls
+    assert story.startswith("worker 0 killed by SIGKILL"), story
+    assert story.endswith("no checkpoint yet: started again at step 0 of 30"), story
+    assert outcome.result.start_step == 0
+
+
+def test_chief_sigkilled_at_its_first_step(tmp_path, dataset):
+    # Outside. The chief pauses 2 s after its first step and is killed during the pause.
+    config, spec = _setup(tmp_path, dataset)
+    logs = LogCapture()
+    outside = Outside(_log_has(logs, "sleep fires in worker 0 after step 1"), 0, signal.SIGKILL)
+    outcome, calls, _ = _launch_with(spec, config, outside, logs=logs,
+                                     fault="sleep:worker=0:step=1:seconds=2")
+    _assert_complete(outcome, spec, restarts=1)
+    (_, story), = calls
+    assert story == "worker 0 killed by SIGKILL; no checkpoint yet: started again at step 0 of 30", story
+    assert outcome.result.start_step == 0
+
+
+def test_non_chief_sigkilled_while_restoring_in_the_restart(tmp_path, dataset):
+    # TFDAG_FAULT kills the chief at step 15 (ckpt-10 exists); the outside kills worker 1 in the starting phase
+    # of the restarted attempt (import, preflight, restore of ckpt-10), before its first step.
+    config, spec = _setup(tmp_path, dataset)
+    logs = LogCapture()
+
+    def starting_in_the_restart() -> bool:
+        return "[supervisor] restart 1/" in logs.text and _beat(spec, 1).get("phase") == Phase.STARTING.value
+
+    outside = Outside(starting_in_the_restart, 1, signal.SIGKILL)
+    outcome, calls, _ = _launch_with(spec, config, outside, logs=logs, fault="kill:worker=0:step=15")
+    _assert_complete(outcome, spec, restarts=2)
+    # Restart 1's group usually fails before its chief restored ckpt-10 (its story says so), else it resumed there.
+    assert calls[0] in ((1, "worker 0 killed by SIGKILL; the restarted group failed before it restored a checkpoint"),
+                        (1, "worker 0 killed by SIGKILL; resumed at step 10 of 30")), calls
+    assert calls[1] == (2, "worker 1 killed by SIGKILL; resumed at step 10 of 30"), calls
+    assert outcome.result.restarts[0].resumed_step in (None, 10) and outcome.result.restarts[1].resumed_step == 10
+    assert outcome.result.start_step == 10
+
+
+# --- more kills mid-checkpoint and at the result -------------------------------------------------------------------
+
+def test_non_chief_sigkilled_while_saving(tmp_path, dataset):
+    # Outside. Worker 1 pauses 2 s as it enters its first save (step 10) and is killed during the pause.
+    config, spec = _setup(tmp_path, dataset)
+    logs = LogCapture()
+    outside = Outside(_log_has(logs, "sleep fires in worker 1 entering phase saving"), 1, signal.SIGKILL)
+    outcome, calls, _ = _launch_with(spec, config, outside, logs=logs,
+                                     fault="sleep:worker=1:phase=saving:seconds=2")
+    _assert_complete(outcome, spec, restarts=1)
+    (_, story), = calls
+    assert "worker 1" in story, story
+    resumed = outcome.result.restarts[0].resumed_step
+    # The chief may have finished ckpt-10 on its own before it missed its peer: then it resumes from there.
+    assert resumed in (0, 10), story
+    assert story.endswith("no checkpoint yet: started again at step 0 of 30" if resumed == 0
+                          else "resumed at step 10 of 30"), story
+
+
+def test_chief_sigkilled_mid_checkpoint_resumes_from_the_previous_one(tmp_path, dataset):
+    # TFDAG_FAULT: the chief kills itself inside its second save (step 20), after the checkpoint's data and index
+    # are written, before its manifest: ckpt-20 is not valid, the restart in the same launch resumes from ckpt-10.
+    config, spec = _setup(tmp_path, dataset)
+    outcome, calls, logs = _launch_with(spec, config, fault="kill_during_save:worker=0")
+    assert "kill_during_save fires in worker 0 while saving checkpoint" in logs.text
+    _assert_complete(outcome, spec, restarts=1)
+    assert calls == [(1, "worker 0 killed by SIGKILL; resumed at step 10 of 30")], calls
+    assert outcome.num_attempts == 2 and outcome.result.start_step == 10
+    assert [c.step for c in outcome.result.checkpoints][-1] == TOTAL_STEPS
+
+
+def test_chief_sigkilled_at_the_result_write(tmp_path, dataset):
+    # TFDAG_FAULT: the chief kills itself at the result point, right before its atomic result.json write
+    # (the write itself is a rename: there is no half-written result to reach).
+    config, spec = _setup(tmp_path, dataset)
+    outcome, calls, _ = _launch_with(spec, config, fault="kill:worker=0:phase=result")
+    _assert_complete(outcome, spec, restarts=1)
+    story = ("worker 0 killed by SIGKILL; resumed at step 30 of 30, the final step: nothing left to train, the "
+             "result comes from its checkpoint")
+    assert calls == [(1, story)], calls
+    assert outcome.result.start_step == TOTAL_STEPS
+
+
+# --- more hangs ------------------------------------------------------------------------------------------------
+
+def test_non_chief_sigstopped_while_starting_is_caught_as_a_hang(tmp_path, dataset, monkeypatch):
+    # Outside. The starting allowance (120 s in production) is shortened to 10 s for this test only: the bound
+    # logic is the same, the starting bound becomes 15 s. Worker 1 pauses 2 s right after its restore (still
+    # starting: no step yet) and is stopped during the pause.
+    monkeypatch.setattr(supervisor, "STARTUP_ALLOWANCE_S", 10.0)
+    assert phase_bound_s(Phase.STARTING, HANG_TIMEOUT_S) == 15.0
+    config, spec = _setup(tmp_path, dataset)
+    logs = LogCapture()
+    outside = Outside(_log_has(logs, "sleep fires in worker 1 entering phase starting"), 1, signal.SIGSTOP)
+    outcome, calls, logs = _launch_with(spec, config, outside, logs=logs,
+                                        fault="sleep:worker=1:phase=starting:seconds=2")
+    _assert_complete(outcome, spec, restarts=1)
+    (_, story), = calls
+    assert story.startswith("hang: worker 1 (stopped) made no progress"), story
+    assert story.endswith("no checkpoint yet: started again at step 0 of 30"), story
+    if "bound" in story:  # the watchdog fenced it (not TensorFlow's collective timing out first)
+        assert "before its first step, starting (bound 15 s = train.hang_timeout_s 5 s + 10 s startup" in story
+    detected_after = logs.first_time("[supervisor] restart 1/") - outside.sent_at
+    assert detected_after <= 30.0, detected_after
+
+
+def test_non_chief_sigstopped_after_the_result_is_ended_not_fenced(tmp_path, dataset):
+    # Outside. Worker 1 pauses 3 s at its result point; once the chief's result.json is written it is stopped.
+    # Nothing is fenced after the chief's result: the supervisor waits its shutdown grace, then ends worker 1.
+    config, spec = _setup(tmp_path, dataset)
+    logs = LogCapture()
+    result_path = os.path.join(spec.run_dir, RESULT_NAME)
+
+    def result_written_while_worker_1_finishes() -> bool:
+        return "sleep fires in worker 1 entering phase result" in logs.text and os.path.exists(result_path)
+
+    outside = Outside(result_written_while_worker_1_finishes, 1, signal.SIGSTOP)
+    outcome, calls, logs = _launch_with(spec, config, outside, logs=logs,
+                                        fault="sleep:worker=1:phase=result:seconds=3")
+    ended_after = time.monotonic() - outside.sent_at
+    assert calls == [] and outcome.num_attempts == 1
+    _assert_complete(outcome, spec, restarts=0)
+    grace = min(supervisor.SHUTDOWN_GRACE_S, phase_bound_s(Phase.FINISHING, HANG_TIMEOUT_S))
+    assert grace - 1.0 <= ended_after <= grace + 10.0, ended_after
