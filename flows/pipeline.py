@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from pipeline_lib.config import PipelineConfig, resolve_config
 from pipeline_lib.core import runs, storage
 from pipeline_lib.data import demo as demo_data
+from pipeline_lib.evaluation import slicing
 from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.planning import sharding
 from pipeline_lib.tracking.params import pipeline_params
@@ -151,7 +152,7 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
     progress("consolidate_checkpoints")
     export = stages.consolidate_checkpoints(config, manifest, train_result, storage.join(run_dir, "export"))
     progress("evaluate")
-    report = stages.evaluate(config, manifest, export.keras_path)
+    report = stages.evaluate(config, manifest, export.keras_path, storage.join(run_dir, "evaluation", "plots"))
     champion = champion_report = None
     if config.tracking.enabled and config.tracking.registered_model:
         progress("evaluate_champion")
@@ -174,8 +175,12 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
             "cluster/cluster_report.md": cluster_report.to_markdown(),
             "evaluation/evaluation.json": report.to_json(),
             "evaluation/evaluation.md": report.to_markdown(),
+            **{f"evaluation/plots/{name}.png": uri for name, uri in report.plots.items()},
             "tensorboard": train_result.tensorboard_dir,
         }
+        if report.slices:
+            artifacts["evaluation/slices.json"] = slicing.slices_to_json(report.slices)
+            artifacts["evaluation/slices.md"] = slicing.slices_to_markdown(report.slices, decision.failing_slices)
         artifacts.update(_preflight_artifacts(run_dir))
         if train_result.restarts:
             artifacts["training/restarts.txt"] = "".join(f"{r.describe()}\n" for r in train_result.restarts)

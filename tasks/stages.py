@@ -126,12 +126,17 @@ def consolidate_checkpoints(config: PipelineConfig, manifest: Manifest, train_re
 
 
 @task(name="evaluate")
-def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str) -> EvalReport:
-    report = evaluation.evaluate(config, manifest, model_path)
+def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, plots_dir: str | None = None) -> EvalReport:
+    """Metrics, metrics per slice and the plots (PNG under `plots_dir`) of the exported model on the eval split."""
+    report = evaluation.evaluate(config, manifest, model_path, plots_dir=plots_dir)
     create_markdown_artifact(report.to_markdown(), key=_key(f"{config.name}-evaluation"),
                              description="Evaluation on the eval split")
     create_table_artifact([{"metric": k, "value": round(v, 6)} for k, v in report.metrics.items()],
                           key=_key(f"{config.name}-evaluation-table"), description="Evaluation metrics")
+    if report.slices:
+        create_table_artifact([{"slice": r.key, "examples": r.num_examples,
+                                **{k: round(v, 6) for k, v in r.metrics.items()}} for r in report.slices],
+                              key=_key(f"{config.name}-evaluation-slices"), description="Metrics per slice")
     get_run_logger().info("evaluation: %s", json.dumps({k: round(v, 4) for k, v in report.metrics.items()}))
     return report
 
@@ -163,6 +168,7 @@ def track(config: PipelineConfig, run_id: str, params: dict[str, Any], artifacts
     logger = get_run_logger()
     tracking.log_params(run_id, uri, params)
     tracking.log_final_metrics(run_id, uri, eval_report.metrics)
+    tracking.log_slice_metrics(run_id, uri, eval_report.slices)
     tracking.log_artifacts(run_id, uri, artifacts)
     tracking.record_blessing(run_id, uri, decision)
     version = None

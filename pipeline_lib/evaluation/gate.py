@@ -95,5 +95,22 @@ def apply_gate(report: EvalReport, gate: GateConfig, min_improvement: float = 0.
             f"{sorted(report.metrics)}; choose one of those"
         )
     champion_value = None if champion is None else champion.metrics.get(gate.metric)
-    return decide(value, gate, min_improvement, champion_value=champion_value,
-                  champion_version=champion_version if champion is not None else None)
+    decision = decide(value, gate, min_improvement, champion_value=champion_value,
+                      champion_version=champion_version if champion is not None else None)
+    if gate.slice_threshold is None or not report.slices:
+        return decision
+    direction = metric_direction(gate.metric, gate.direction)
+    judged = [s for s in report.slices if s.num_examples >= gate.min_slice_examples]
+    failing = [s for s in judged if not reaches_threshold(s.metrics.get(gate.metric), gate.slice_threshold, direction)]
+    if not failing:
+        note = (f"; every slice with ≥ {gate.min_slice_examples} examples ({len(judged)} of {len(report.slices)}) "
+                f"reaches evaluation.gate.slice_threshold ({threshold_text(gate.slice_threshold, direction)})")
+        return decision.model_copy(update={"reason": decision.reason + note})
+    named = ", ".join(f"{s.key} ({gate.metric} {s.metrics.get(gate.metric, float('nan')):.4f}, "
+                      f"{s.num_examples} examples)" for s in failing)
+    reason = (f"slice(s) below evaluation.gate.slice_threshold ({threshold_text(gate.slice_threshold, direction)}): "
+              f"{named}")
+    if not decision.blessed:
+        reason = f"{decision.reason}; and {reason}"
+    return decision.model_copy(update={"blessed": False, "reason": reason,
+                                       "failing_slices": tuple(s.key for s in failing)})

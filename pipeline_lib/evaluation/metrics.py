@@ -6,15 +6,17 @@ import logging
 import math
 import os
 import tempfile
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from pipeline_lib.config import PipelineConfig, Task
+from pipeline_lib.config import PipelineConfig, SliceSpec, Task
 from pipeline_lib.core import storage
-from pipeline_lib.data.manifest import Manifest
+from pipeline_lib.data.manifest import DType, Manifest
+from pipeline_lib.evaluation import plots, slicing
 from pipeline_lib.evaluation.report import EvalReport, EvaluationError
 from pipeline_lib.training import input_pipeline, staging
 
@@ -102,11 +104,12 @@ def regression_metrics(targets: np.ndarray, predictions: np.ndarray) -> dict[str
 
 
 def predict_split(model: keras.Model, manifest: Manifest, task: Task, *, split: str = "eval",
-                  batch_size: int = DEFAULT_BATCH_SIZE) -> tuple[np.ndarray, np.ndarray]:
-    """Labels and model outputs over a whole split, read in batches.
+                  batch_size: int = DEFAULT_BATCH_SIZE,
+                  keep: Sequence[str] = ()) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Labels, model outputs and the input columns named in `keep` over a whole split, read in batches.
 
     Returns:
-        (labels [n], outputs [n, units]) as numpy arrays.
+        (labels [n], outputs [n, units], {feature: values [n, ...]}) as numpy arrays.
 
     Raises:
         EvaluationError: when the split has no records.
@@ -123,15 +126,23 @@ def predict_split(model: keras.Model, manifest: Manifest, task: Task, *, split: 
     def forward(inputs):
         return tf.cast(model(inputs, training=False), tf.float32)
 
-    labels, outputs = [], []
+    numeric_columns = input_pipeline.numeric_columns(manifest.feature_schema)
+    labels, outputs, kept = [], [], {name: [] for name in keep}
     for inputs, batch_labels in dataset:
         outputs.append(forward(inputs).numpy())
         labels.append(batch_labels.numpy())
-    return np.concatenate(labels), np.concatenate(outputs)
+        for name in keep:
+            # A numeric feature is its columns of the "numeric" input; a string feature is its own input.
+            value = inputs["numeric"][:, numeric_columns[name]] if name in numeric_columns else inputs[name]
+            kept[name].append(value.numpy())
+    return (np.concatenate(labels), np.concatenate(outputs),
+            {name: np.concatenate(parts) for name, parts in kept.items()})
 
 
 def evaluate_model(model: keras.Model, manifest: Manifest, task: Task | str, *, split: str = "eval",
-                   batch_size: int = DEFAULT_BATCH_SIZE, model_path: str | None = None) -> EvalReport:
+                   batch_size: int = DEFAULT_BATCH_SIZE, model_path: str | None = None,
+                   slices: Sequence[SliceSpec] = (), plots_dir: str | None = None,
+                   storage_options: Mapping[str, Any] | None = None) -> EvalReport:
     """Score an in-memory model on a split of the manifest (the retrain flow scores its champion so).
 
     Args:
@@ -141,15 +152,23 @@ def evaluate_model(model: keras.Model, manifest: Manifest, task: Task | str, *, 
         split: the split to read.
         batch_size: records per batch.
         model_path: where the model came from, for the report.
+        slices: `evaluation.slices`: metrics per slice of the split, in `EvalReport.slices`.
+        plots_dir: where to write the evaluation plots (PNG, any fsspec URI), listed in `EvalReport.plots`.
+        storage_options: fsspec options for `plots_dir`.
 
     Returns:
         The EvalReport, without a gate verdict.
 
     Raises:
         EvaluationError: when the split is empty or the labels do not fit the model's outputs.
+        SliceError: when a slice names a feature the data does not have.
     """
     task = Task(task)
-    labels, outputs = predict_split(model, manifest, task, split=split, batch_size=batch_size)
+    features = manifest.feature_schema.features
+    slicing.check_slices(slices, [f.name for f in features if f.dtype != DType.STRING],
+                         [f.name for f in features if f.dtype == DType.STRING])
+    keep = sorted({f for spec in slices for f in slicing.spec_features(spec)})
+    labels, outputs, columns = predict_split(model, manifest, task, split=split, batch_size=batch_size, keep=keep)
     class_names = None
     if task == Task.CLASSIFICATION:
         if outputs.shape[1] < 2:
@@ -165,8 +184,19 @@ def evaluate_model(model: keras.Model, manifest: Manifest, task: Task | str, *, 
         metrics, matrix = regression_metrics(labels, outputs), None
     logger.info("evaluation on %d %s examples: %s", len(labels), split,
                 ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+    def score(part_labels: np.ndarray, part_outputs: np.ndarray) -> dict[str, float]:
+        if task == Task.CLASSIFICATION:
+            return classification_metrics(part_labels, part_outputs)[0]
+        return regression_metrics(part_labels, part_outputs)
+
+    sliced = slicing.compute_slices(slices, columns, labels, outputs, score)
+    written = {}
+    if plots_dir is not None:
+        written = plots.write_plots(plots.evaluation_figures(task, labels, outputs, class_names), plots_dir,
+                                    storage_options)
     return EvalReport(task=task.value, split=split, metrics=metrics, confusion_matrix=matrix,
-                      class_names=class_names, num_examples=len(labels), model_path=model_path)
+                      class_names=class_names, num_examples=len(labels), model_path=model_path, slices=sliced,
+                      plots=written)
 
 
 def load_model(model_path: str, storage_options: dict[str, Any] | None = None) -> keras.Model:
@@ -190,7 +220,7 @@ def load_model(model_path: str, storage_options: dict[str, Any] | None = None) -
 
 
 def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, *,
-             batch_size: int = DEFAULT_BATCH_SIZE) -> EvalReport:
+             batch_size: int = DEFAULT_BATCH_SIZE, plots_dir: str | None = None) -> EvalReport:
     """Evaluate an exported `.keras` model on the eval split (the gate is `evaluation.gate.apply_gate`, after).
 
     Every metric of the task is computed (classification: loss, accuracy, auc and the confusion matrix;
@@ -218,4 +248,6 @@ def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, *,
                        sorted(applicable))
     model = load_model(model_path, config.storage_options)
     manifest = staging.stage_split(manifest, "eval", storage_options=config.storage_options)
-    return evaluate_model(model, manifest, task, batch_size=batch_size, model_path=model_path)
+    return evaluate_model(model, manifest, task, batch_size=batch_size, model_path=model_path,
+                          slices=config.evaluation.slices, plots_dir=plots_dir,
+                          storage_options=config.storage_options)

@@ -8,6 +8,7 @@ import math
 from pydantic import BaseModel, ConfigDict
 
 from pipeline_lib.core.errors import TfdagError
+from pipeline_lib.evaluation.slicing import SliceResult, slices_to_markdown
 
 
 class EvaluationError(TfdagError, RuntimeError):
@@ -32,6 +33,7 @@ class GateDecision(BaseModel):
     champion_value: float | None = None
     champion_version: int | None = None
     min_improvement: float = 0.0
+    failing_slices: tuple[str, ...] = ()  # slices below evaluation.gate.slice_threshold
 
 
 class EvalReport(BaseModel):
@@ -47,6 +49,8 @@ class EvalReport(BaseModel):
     num_examples: int
     model_path: str | None = None
     gate: GateDecision | None = None
+    slices: list[SliceResult] = []  # evaluation.slices, one entry per slice present in the split
+    plots: dict[str, str] = {}  # plot name → PNG URI (confusion matrix, ROC, PR, calibration; regression plots)
 
     def to_json(self) -> str:
         """The report as indented JSON (NaN metrics become null)."""
@@ -71,4 +75,10 @@ class EvalReport(BaseModel):
                       "|---|" + "---|" * len(names)]
             lines += [f"| **{names[i]}** | " + " | ".join(str(c) for c in row) + " |"
                       for i, row in enumerate(self.confusion_matrix)]
+        if self.slices:
+            failing = self.gate.failing_slices if self.gate is not None else ()
+            lines += ["", slices_to_markdown(self.slices, failing).replace("# Metrics per slice", "## Metrics per slice",
+                                                                          1).rstrip()]
+        if self.plots:
+            lines += ["", "## Plots", ""] + [f"- {name}: `{uri}`" for name, uri in self.plots.items()]
         return "\n".join(lines) + "\n"

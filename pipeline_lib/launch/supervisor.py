@@ -12,8 +12,9 @@ peer) and the attempt ends retryable. The bounds, from `train.hang_timeout_s` (H
   loaded machine, and a finished run must never be fenced for being slow.
 
 A task blocked in a collective waits for its slowest peer (the others' next step waits on the chief's save), so
-the bound that applies is the largest over the group's running tasks: a fence needs a task silent for longer
-than every running task's phase allows.
+the bound that applies is the largest over the group's running tasks, and it is the group's silence that counts:
+a fence needs every running task silent for longer than that bound (a worker that entered a step while its peer
+was saving has been silent since before the save, yet the peer's progress shows the group is alive).
 
 Once the chief has exited 0 (its result is written) nothing is fenced: the others get the finishing bound (at
 most SHUTDOWN_GRACE_S) to exit, then are ended.
@@ -201,6 +202,15 @@ class AttemptSupervisor:
                     f"training did not finish within train.timeout_s ({self.config.train.timeout_s} s) in attempt "
                     f"{number}; every worker was stopped. Raise train.timeout_s or lower train.steps")
             codes = {p.task.name: p.poll() for p in self.processes}
+            # Read the heartbeats before judging the exits: a chief that restored a checkpoint and died before the
+            # next poll has still resumed, and its restart story must say from where.
+            running = [w for n, w in watches.items() if codes[n] is None]
+            for watch in {*running, chief_watch}:
+                watch.update(now)
+            if not resumed_reported and chief_watch.start_step is not None:
+                resumed_reported = True
+                if on_resumed is not None:
+                    on_resumed(chief_watch.start_step)
             failed = self._first_failure(codes)
             if failed is not None:
                 return failed
@@ -215,15 +225,11 @@ class AttemptSupervisor:
                 # The result is written: a worker slow or stuck in its shutdown cannot lose the run.
                 time.sleep(POLL_S)
                 continue
-            running = [w for n, w in watches.items() if codes[n] is None]
-            for watch in running:
-                watch.update(now)
-            if running and any(w.silent_for(now) > group_bound_s(running, hang_timeout) for w in running):
+            # The group, not one task, must have been silent past the bound: a worker that stepped into a collective
+            # while its peer was still saving has been "silent" since before that save, but the peer's progress
+            # shows the group is alive (a synchronous step cannot complete while any task of it hangs).
+            if running and min(w.silent_for(now) for w in running) > group_bound_s(running, hang_timeout):
                 return self._hang(watches, codes, now)
-            if not resumed_reported and chief_watch.start_step is not None:
-                resumed_reported = True
-                if on_resumed is not None:
-                    on_resumed(chief_watch.start_step)
             time.sleep(POLL_S)
 
     def _hang(self, watches: dict[str, HeartbeatWatch], codes: dict[str, int | None], now: float) -> AttemptOutcome:

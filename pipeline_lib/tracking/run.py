@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline_lib.config import PipelineConfig
@@ -18,6 +18,7 @@ from pipeline_lib.core import storage
 from pipeline_lib.core.errors import UserError
 from pipeline_lib.core.secrets import is_secret_name
 from pipeline_lib.evaluation.report import GateDecision
+from pipeline_lib.evaluation.slicing import SliceResult
 from pipeline_lib.tracking.client import MAX_TAG_VALUE, clean_tags, create_client
 
 logger = logging.getLogger(__name__)
@@ -28,8 +29,10 @@ FAILED_STAGE_TAG = "tfdag.failed_stage"
 # The gate's decision on the run's model: "true" or "false", and why.
 BLESSED_RUN_TAG = "tfdag.blessed"
 GATE_REASON_RUN_TAG = "tfdag.gate_reason"
+RESTART_TAG_PREFIX = "tfdag.restart."  # one tag per restart: its cause and the step it resumed from
 # MLflow's own limits (mlflow.utils.validation).
 _MAX_PARAMS_PER_BATCH = 100
+_MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAM_VALUE = 6000
 
 
@@ -165,6 +168,22 @@ def log_final_metrics(run_id: str, tracking_uri: str, metrics: Mapping[str, floa
     create_client(tracking_uri).log_batch(run_id, metrics=entries, synchronous=True)
 
 
+def log_slice_metrics(run_id: str, tracking_uri: str, slices: Sequence[SliceResult]) -> None:
+    """Each slice's metrics as `slice.<feature>:<value>.<metric>` (MLflow names allow no `=`), and its example
+    count as `slice.<feature>:<value>.num_examples`."""
+    from mlflow.entities import Metric
+
+    timestamp = int(time.time() * 1000)
+    entries = []
+    for result in slices:
+        values = {**result.metrics, "num_examples": float(result.num_examples)}
+        entries += [Metric(result.metric_name(name), float(value), timestamp, 0)
+                    for name, value in values.items() if not math.isnan(float(value))]
+    client = create_client(tracking_uri)
+    for start in range(0, len(entries), _MAX_METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=entries[start:start + _MAX_METRICS_PER_BATCH], synchronous=True)
+
+
 def record_blessing(run_id: str, tracking_uri: str, decision: GateDecision) -> None:
     """Tag the run `tfdag.blessed` (true/false) with the gate's reason; a run that is not blessed still ends
     FINISHED."""
@@ -174,9 +193,11 @@ def record_blessing(run_id: str, tracking_uri: str, decision: GateDecision) -> N
 
 
 def record_restart(run_id: str, tracking_uri: str, attempt: int, cause: str) -> None:
-    """Count a training restart on the run: the `num_restarts` metric and the last cause as a tag."""
+    """Count a training restart on the run: the `num_restarts` metric, its story (cause and the step it resumed
+    from) as the tag `tfdag.restart.<attempt>`, and the latest as `tfdag.last_restart_cause`."""
     client = create_client(tracking_uri)
     client.log_metric(run_id, "num_restarts", float(attempt), step=int(attempt))
+    client.set_tag(run_id, f"{RESTART_TAG_PREFIX}{int(attempt)}", str(cause)[:MAX_TAG_VALUE])
     client.set_tag(run_id, "tfdag.last_restart_cause", str(cause)[:MAX_TAG_VALUE])
 
 

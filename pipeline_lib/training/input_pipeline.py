@@ -45,6 +45,15 @@ def string_features(schema: Schema) -> tuple[FeatureSpec, ...]:
     return tuple(f for f in schema.features if f.dtype == DType.STRING)
 
 
+def numeric_columns(schema: Schema) -> dict[str, slice]:
+    """Where each numeric feature sits in the `"numeric"` input: name → its columns."""
+    columns, start = {}, 0
+    for spec in numeric_features(schema):
+        columns[spec.name] = slice(start, start + _size(spec))
+        start += _size(spec)
+    return columns
+
+
 def feature_width(schema: Schema) -> int:
     """Width of the `"numeric"` input: every numeric feature flattened and concatenated."""
     return sum(_size(f) for f in numeric_features(schema))

@@ -306,3 +306,30 @@ def test_a_worker_restart_shows_in_mlflow_and_the_prefect_log(tmp_path, prefect_
             break
         time.sleep(0.5)
     assert any(m.startswith("restart 1 of") and "SIGKILL" in m for m in messages), messages[-20:]
+
+
+@pytest.mark.slow
+def test_a_fault_after_the_final_checkpoint_still_completes_the_pipeline(tmp_path, prefect_api, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from flows.pipeline import training_pipeline
+
+    # The chief is SIGKILLed after its final checkpoint is saved and before its result is written: the restarted
+    # process restores the final step, trains nothing, and the pipeline goes on to consolidation and evaluation.
+    monkeypatch.setenv("TFDAG_FAULT", "kill:worker=0:phase=result")
+    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=2, checkpoint_every_steps=20,
+                         restart_backoff_s=0.1)
+    data["name"] = "digits-final-fault"
+    config = parse_config(data)
+    summary = training_pipeline(config)
+
+    client = MlflowClient(tracking_uri=config.mlflow_uri)
+    run = client.get_run(summary.mlflow_run_id)
+    total_steps = int(run.data.params["total_steps"])
+    assert summary.num_restarts == 1 and summary.final_step == total_steps
+    assert run.data.tags["tfdag.restart.1"] == (
+        f"worker 0 killed by SIGKILL; resumed at step {total_steps} of {total_steps}, the final step: nothing left "
+        "to train, the result comes from its checkpoint")
+    # Consolidation and evaluation ran on the checkpoints the first attempt wrote, the final one included.
+    assert run.info.status == "FINISHED" and run.data.metrics["final_eval_accuracy"] == pytest.approx(
+        summary.metrics["accuracy"])

@@ -1,0 +1,173 @@
+"""The plots a reviewer reads instead of numbers: a confusion-matrix heatmap with class names, ROC and
+precision-recall curves (one-vs-rest for more than two classes), a calibration curve; for regression, predictions
+against targets and the residuals.
+
+Figures are drawn on matplotlib's object API (no pyplot state, safe in any thread) and written as PNG files, which
+MLflow shows as images in the run's artifacts (what `mlflow.log_figure` writes).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from pipeline_lib.config import Task
+from pipeline_lib.core import storage
+
+CALIBRATION_BINS = 10
+# One-vs-rest curves past this many classes would be unreadable: the most frequent classes are drawn.
+MAX_CURVES = 10
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / exp.sum(axis=1, keepdims=True)
+
+
+def roc_curve(is_positive: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(false positive rates, true positive rates) from the highest score down, starting at (0, 0)."""
+    order = np.argsort(-scores, kind="mergesort")
+    positive = is_positive[order].astype(np.float64)
+    tp, fp = np.cumsum(positive), np.cumsum(1.0 - positive)
+    num_pos, num_neg = max(tp[-1], 1.0), max(fp[-1], 1.0)
+    return np.r_[0.0, fp / num_neg], np.r_[0.0, tp / num_pos]
+
+
+def precision_recall_curve(is_positive: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(recall, precision) from the highest score down."""
+    order = np.argsort(-scores, kind="mergesort")
+    positive = is_positive[order].astype(np.float64)
+    tp = np.cumsum(positive)
+    predicted = np.arange(1, len(positive) + 1, dtype=np.float64)
+    return tp / max(tp[-1], 1.0), tp / predicted
+
+
+def calibration_curve(correct: np.ndarray, confidence: np.ndarray,
+                      bins: int = CALIBRATION_BINS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean confidence, observed frequency, count) per non-empty confidence bin."""
+    index = np.minimum((confidence * bins).astype(int), bins - 1)
+    counts = np.bincount(index, minlength=bins)
+    seen = counts > 0
+    mean_conf = np.bincount(index, weights=confidence, minlength=bins)[seen] / counts[seen]
+    frequency = np.bincount(index, weights=correct.astype(np.float64), minlength=bins)[seen] / counts[seen]
+    return mean_conf, frequency, counts[seen]
+
+
+def _confusion_figure(matrix: np.ndarray, names: Sequence[str]) -> Figure:
+    size = max(4.0, 0.5 * len(names) + 2.5)
+    fig = Figure(figsize=(size, size))
+    ax = fig.subplots()
+    image = ax.imshow(matrix, cmap="Blues")
+    fig.colorbar(image, ax=ax, fraction=0.046)
+    ax.set_xticks(range(len(names)), labels=names, rotation=45, ha="right")
+    ax.set_yticks(range(len(names)), labels=names)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title("Confusion matrix (eval split)")
+    high = matrix.max() / 2 if matrix.size else 0
+    for (row, col), count in np.ndenumerate(matrix):
+        ax.text(col, row, str(int(count)), ha="center", va="center", fontsize=8,
+                color="white" if count > high else "black")
+    fig.tight_layout()
+    return fig
+
+
+def _curves(labels: np.ndarray, probs: np.ndarray, names: Sequence[str]) -> tuple[Figure, Figure]:
+    roc, pr = Figure(figsize=(5.5, 5)), Figure(figsize=(5.5, 5))
+    roc_ax, pr_ax = roc.subplots(), pr.subplots()
+    if probs.shape[1] == 2:
+        classes = [1]
+    else:
+        present = np.bincount(labels, minlength=probs.shape[1])
+        classes = [int(c) for c in np.argsort(-present, kind="mergesort")[:MAX_CURVES] if present[c]]
+    for cls in sorted(classes):
+        positive = labels == cls
+        if positive.all() or not positive.any():
+            continue
+        fpr, tpr = roc_curve(positive, probs[:, cls])
+        auc = float(np.trapezoid(tpr, fpr))
+        recall, precision = precision_recall_curve(positive, probs[:, cls])
+        label = names[cls] if probs.shape[1] > 2 else f"{names[cls]} vs rest"
+        roc_ax.plot(fpr, tpr, label=f"{label} (AUC {auc:.3f})", linewidth=1.2)
+        pr_ax.plot(recall, precision, label=label, linewidth=1.2)
+    roc_ax.plot([0, 1], [0, 1], linestyle="--", color="grey", linewidth=0.8)
+    roc_ax.set(xlabel="false positive rate", ylabel="true positive rate", title="ROC (one vs rest)")
+    pr_ax.set(xlabel="recall", ylabel="precision", title="Precision-recall (one vs rest)", ylim=(0, 1.02))
+    for fig, ax in ((roc, roc_ax), (pr, pr_ax)):
+        ax.legend(fontsize=7, loc="lower right" if fig is roc else "lower left")
+        fig.tight_layout()
+    return roc, pr
+
+
+def _calibration_figure(labels: np.ndarray, probs: np.ndarray) -> Figure:
+    fig = Figure(figsize=(5.5, 5))
+    ax = fig.subplots()
+    if probs.shape[1] == 2:
+        confidence, correct, what = probs[:, 1], labels == 1, "P(class 1)"
+    else:
+        confidence, correct, what = probs.max(axis=1), probs.argmax(axis=1) == labels, "top-class confidence"
+    mean_conf, frequency, counts = calibration_curve(correct, confidence)
+    ax.plot([0, 1], [0, 1], linestyle="--", color="grey", linewidth=0.8, label="perfectly calibrated")
+    ax.plot(mean_conf, frequency, marker="o", label="model")
+    for x, y, n in zip(mean_conf, frequency, counts):
+        ax.annotate(str(int(n)), (x, y), textcoords="offset points", xytext=(3, -10), fontsize=7)
+    ax.set(xlabel=f"mean predicted {what}", ylabel="observed frequency", title="Calibration (eval split)",
+           xlim=(0, 1), ylim=(0, 1.02))
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def _regression_figures(targets: np.ndarray, predictions: np.ndarray) -> dict[str, Figure]:
+    scatter = Figure(figsize=(5.5, 5))
+    ax = scatter.subplots()
+    ax.scatter(targets, predictions, s=6, alpha=0.5)
+    low, high = float(min(targets.min(), predictions.min())), float(max(targets.max(), predictions.max()))
+    ax.plot([low, high], [low, high], linestyle="--", color="grey", linewidth=0.8)
+    ax.set(xlabel="target", ylabel="prediction", title="Predictions vs targets (eval split)")
+    scatter.tight_layout()
+    residual = Figure(figsize=(5.5, 5))
+    ax = residual.subplots()
+    ax.scatter(predictions, predictions - targets, s=6, alpha=0.5)
+    ax.axhline(0.0, linestyle="--", color="grey", linewidth=0.8)
+    ax.set(xlabel="prediction", ylabel="residual (prediction − target)", title="Residuals (eval split)")
+    residual.tight_layout()
+    return {"predictions_vs_targets": scatter, "residuals": residual}
+
+
+def evaluation_figures(task: Task, labels: np.ndarray, outputs: np.ndarray,
+                       class_names: Sequence[str] | None = None) -> dict[str, Figure]:
+    """The plots of one evaluation, by name: classification → confusion_matrix, roc, precision_recall,
+    calibration; regression → predictions_vs_targets, residuals."""
+    if task != Task.CLASSIFICATION:
+        return _regression_figures(np.asarray(labels, dtype=np.float64).reshape(-1),
+                                   np.asarray(outputs, dtype=np.float64).reshape(-1))
+    labels = np.asarray(labels, dtype=np.int64)
+    probs = _softmax(np.asarray(outputs, dtype=np.float64))
+    num_classes = probs.shape[1]
+    names = list(class_names) if class_names and len(class_names) == num_classes else [str(i) for i in
+                                                                                       range(num_classes)]
+    matrix = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(matrix, (labels, probs.argmax(axis=1)), 1)
+    roc, pr = _curves(labels, probs, names)
+    return {"confusion_matrix": _confusion_figure(matrix, names), "roc": roc, "precision_recall": pr,
+            "calibration": _calibration_figure(labels, probs)}
+
+
+def write_plots(figures: Mapping[str, Figure], directory: str,
+                storage_options: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Each figure as `<directory>/<name>.png` (any fsspec URI); returns name → URI."""
+    written = {}
+    for name, figure in figures.items():
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=110)
+        uri = storage.join(directory, f"{name}.png")
+        fs, path = storage.get_fs(uri, dict(storage_options or {}))
+        storage.write_bytes_atomic(fs, path, buffer.getvalue())
+        written[name] = uri
+    return written

@@ -1,0 +1,80 @@
+"""The evaluation a reviewer reads: metrics per slice and their gate, the plots, on data where one slice is clearly
+worse than the rest (the labels of region "south" are noise)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline_lib.config import parse_config
+
+
+def write_regions_csv(path: Path, num_rows: int = 1500, seed: int = 5) -> None:
+    """Four numeric features, a `region` string column and a 3-class label that depends on the features — except
+    in the south (a fifth of the rows), where it is random."""
+    rng = np.random.default_rng(seed)
+    weights = np.array([[2.0, -1.0, 0.0], [-1.0, 2.0, 0.0], [0.0, -1.0, 2.0], [1.0, 1.0, -2.0]])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["f0", "f1", "f2", "age", "region", "label"])
+        for _ in range(num_rows):
+            x = rng.normal(size=4)
+            region = rng.choice(["north", "east", "west", "south"], p=[0.3, 0.25, 0.25, 0.2])
+            label = int(rng.integers(0, 3)) if region == "south" else int(np.argmax(x @ weights))
+            age = float(rng.integers(16, 80))
+            writer.writerow([f"{x[0]:.5f}", f"{x[1]:.5f}", f"{x[2]:.5f}", f"{age:g}", region, label])
+
+
+def regions_config(tmp_path: Path) -> dict:
+    raw = tmp_path / "raw" / "regions.csv"
+    write_regions_csv(raw)
+    return {
+        "name": "regions-slices",
+        "data": {"source": str(raw), "label": "label", "target_shard_mb": 0.1},
+        "output_root": str(tmp_path / "out"),
+        "model": {"factory": "mlp", "num_classes": 3, "params": {"hidden_units": [32]}},
+        "train": {"strategy": "default", "per_replica_batch_size": 32, "base_learning_rate": 0.01, "epochs": 12,
+                  "checkpoint_every_steps": 100, "log_every_steps": 50, "seed": 3},
+        "evaluation": {
+            "slices": [["region"], {"feature": "age", "boundaries": [35, 65]}],
+            "gate": {"metric": "accuracy", "threshold": 0.5, "slice_threshold": 0.6, "min_slice_examples": 20},
+        },
+        "tracking": {"experiment": "slices-test", "registered_model": "regions-slices"},
+    }
+
+
+@pytest.mark.slow
+def test_a_clearly_worse_slice_fails_the_gate_by_name_and_the_record_shows_slices_and_plots(tmp_path, prefect_api):
+    from mlflow.tracking import MlflowClient
+
+    from flows.pipeline import training_pipeline
+
+    config = parse_config(regions_config(tmp_path))
+    summary = training_pipeline(config)
+
+    # Good overall, bad in the south: not blessed, and the reason names the slice.
+    assert summary.metrics["accuracy"] >= 0.6, summary.metrics
+    assert not summary.blessed and summary.gate.failing_slices == ("region=south",), summary.gate.reason
+    assert "region=south" in summary.gate.reason and "slice_threshold" in summary.gate.reason
+    assert summary.model_version is None  # tracking.register: blessed
+
+    client = MlflowClient(tracking_uri=config.mlflow_uri)
+    run = client.get_run(summary.mlflow_run_id)
+    metrics = run.data.metrics
+    assert metrics["slice.region:south.accuracy"] < 0.6 <= metrics["slice.region:north.accuracy"], metrics
+    assert metrics["slice.region:south.num_examples"] >= 20
+    assert {"slice.age:_35.accuracy", "slice.age:_35_65_.accuracy", "slice.age:_65.accuracy"} <= set(metrics)
+    assert run.data.tags["tfdag.blessed"] == "false"
+
+    names = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation")}
+    assert {"evaluation/slices.json", "evaluation/slices.md", "evaluation/plots"} <= names
+    plot_names = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation/plots")}
+    assert plot_names == {f"evaluation/plots/{n}.png" for n in ("confusion_matrix", "roc", "precision_recall",
+                                                                 "calibration")}
+    local = client.download_artifacts(run.info.run_id, "evaluation/slices.md", str(tmp_path / "dl"))
+    text = Path(local).read_text()
+    assert "| region=south ✗ |" in text and "## age (buckets 35, 65)" in text
