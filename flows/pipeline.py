@@ -17,6 +17,7 @@ from pipeline_lib.data import demo as demo_data
 from pipeline_lib.evaluation import slicing
 from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.planning import sharding
+from pipeline_lib.tracking import lineage
 from pipeline_lib.tracking.params import pipeline_params
 from pipeline_lib.tracking.run import RunStatus
 from pipeline_lib.training import strategy
@@ -130,7 +131,9 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
     run_name = runs.new_run_name(config.name)
     run_dir = runs.run_dir_for(config.output_root, run_name)
     flow_run_id = str(runtime.flow_run.id or "")
-    tags = {"prefect_flow_run_id": flow_run_id, "tfdag_run_name": run_name, **extra_tags}
+    tags = {"prefect_flow_run_id": flow_run_id, "tfdag_run_name": run_name,
+            **lineage.source_tags(runtime.flow_run.flow_name, runtime.deployment.name, lineage.git_commit()),
+            **extra_tags}
 
     progress("check_storage")
     demo_data.ensure_demo_source(config.data)
@@ -168,6 +171,7 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
         progress("track")
         params = pipeline_params(config, train_result, plan, manifest, _versions())
         artifacts: dict[str, str | bytes] = {
+            "config/pipeline.yaml": config.masked_yaml(),
             "data/manifest.json": manifest.to_json(),
             "data/shard_plan.json": plan.model_dump_json(indent=2),
             "data/shard_plan.md": sharding.plan_to_markdown(plan),

@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from pipeline_lib.core.errors import UserError
+from pipeline_lib.core.secrets import mask_secrets, mask_url_passwords
 
 DEFAULT_ROOT = "./.tfdag"
 
@@ -320,6 +321,12 @@ class PipelineConfig(_Frozen):
             root = DEFAULT_ROOT
         root = root.removeprefix("file://")
         return f"sqlite:///{os.path.abspath(os.path.join(root, 'mlflow.db'))}"
+
+    def masked_yaml(self) -> str:
+        """The resolved config as YAML with every credential masked (secret-named keys at any depth, and the
+        password of a URL such as `http://user:password@host`): safe to log and to store beside a run."""
+        text = yaml.safe_dump(mask_secrets(self.model_dump(mode="json", by_alias=True)), sort_keys=False)
+        return mask_url_passwords(text)
 
     def config_hash(self) -> str:
         """Stable sha256 of the configuration, secrets included only as hashed input."""

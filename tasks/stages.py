@@ -28,7 +28,7 @@ from pipeline_lib.evaluation.gate import apply_gate
 from pipeline_lib.evaluation.report import EvalReport, GateDecision
 from pipeline_lib.launch import local as launcher
 from pipeline_lib.planning import sharding
-from pipeline_lib.tracking import model_logging, registry
+from pipeline_lib.tracking import lineage, model_logging, registry
 from pipeline_lib.tracking import run as tracking
 from pipeline_lib.training.results import TrainResult
 from tasks.retry import transient_retries
@@ -167,17 +167,21 @@ def track(config: PipelineConfig, run_id: str, params: dict[str, Any], artifacts
     uri = config.mlflow_uri
     logger = get_run_logger()
     tracking.log_params(run_id, uri, params)
-    tracking.log_final_metrics(run_id, uri, eval_report.metrics)
     tracking.log_slice_metrics(run_id, uri, eval_report.slices)
+    lineage.log_datasets(run_id, uri, manifest, config.name)
     tracking.log_artifacts(run_id, uri, artifacts)
     tracking.record_blessing(run_id, uri, decision)
     version = None
     name = config.tracking.registered_model
-    if name:
+    if not name:
+        tracking.log_final_metrics(run_id, uri, eval_report.metrics)
+    else:
         register_as = name if registry.registers(config.tracking.register_policy, decision) else None
+        # The exported model's metrics, linked to the logged model (and so to its registered version).
         version = model_logging.log_and_register_model(
             run_id, uri, export.keras_path, register_as, manifest, tags=tags,
-            storage_options=config.storage_options,
+            storage_options=config.storage_options, metrics=eval_report.metrics,
+            metric_prefix=tracking.FINAL_METRIC_PREFIX,
         )
         if version is None:
             logger.info("model logged to MLflow run %s, not registered as %s: not blessed", run_id, name)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 SECRET_MARKERS = ("KEY", "SECRET", "TOKEN", "PASSWORD")
 MASK = "***"
+# scheme://user:password@host — the password part.
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+:)[^/\s@]+@")
 
 
 def is_secret_name(name: str) -> bool:
@@ -36,3 +39,8 @@ def _masked(name: str, value: Any) -> Any:
     if isinstance(value, Mapping):
         return mask_secrets(value)
     return value
+
+
+def mask_url_passwords(text: str) -> str:
+    """`text` with the password of every `scheme://user:password@host` replaced by ***."""
+    return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}{MASK}@", text)

@@ -46,7 +46,7 @@ from pipeline_lib.launch.spec import (
     WorkerSpec,
     load_spec,
 )
-from pipeline_lib.tracking.sinks import create_sink
+from pipeline_lib.tracking.sinks import create_sink, system_metrics
 from pipeline_lib.training import loop as training
 from pipeline_lib.training import strategy as strategies
 from pipeline_lib.training.errors import TrainingInterrupted
@@ -179,9 +179,11 @@ def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None) -> int:
     hooks.install_sigterm()
     sink = create_sink(spec.mlflow_run_id if config.tracking.enabled else None, config.mlflow_uri,
                        is_chief=cluster.is_chief)
+    run_id = spec.mlflow_run_id if config.tracking.enabled else None
     try:
-        result = training.train(config, manifest, spec.plan, spec.run_dir, cluster=cluster, metrics_sink=sink,
-                                hooks=hooks, strategy_choice=choice)
+        with system_metrics(run_id, config.mlflow_uri, is_chief=cluster.is_chief):
+            result = training.train(config, manifest, spec.plan, spec.run_dir, cluster=cluster, metrics_sink=sink,
+                                    hooks=hooks, strategy_choice=choice)
     except TrainingInterrupted as stop:
         print(f"tfdag worker | {cluster.name} preempted at step {stop.step}; checkpoint {stop.checkpoint_path}; "
               f"exiting with {PREEMPTION_EXIT_CODE} (retryable)", flush=True)

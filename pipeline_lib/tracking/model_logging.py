@@ -60,6 +60,20 @@ mlflow.models.set_model(KerasDictModel())
 '''
 
 
+def _keras_flavor() -> Any:
+    """`mlflow.keras` for `Model.log`, with its model directory created first: MLflow 3.17's keras `save_model`
+    writes the input example before it creates that directory (FileNotFoundError on input_example.json)."""
+    import types
+
+    import mlflow.keras
+
+    def save_model(path: str, **kwargs: Any) -> None:
+        os.makedirs(path, exist_ok=True)
+        mlflow.keras.save_model(path=path, **kwargs)
+
+    return types.SimpleNamespace(__name__=mlflow.keras.__name__, save_model=save_model)
+
+
 def example_batch(manifest: Manifest, num_rows: int = 5,
                   storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The first rows of the eval split (train when there is none) as numpy model inputs."""
@@ -73,7 +87,9 @@ def example_batch(manifest: Manifest, num_rows: int = 5,
 def log_and_register_model(run_id: str, tracking_uri: str, keras_path: str, registered_name: str | None,
                            example_input: Manifest | Mapping[str, Any], *,
                            tags: Mapping[str, Any] | None = None,
-                           storage_options: Mapping[str, Any] | None = None) -> ModelVersionInfo | None:
+                           storage_options: Mapping[str, Any] | None = None,
+                           metrics: Mapping[str, float] | None = None,
+                           metric_prefix: str = "final_eval_") -> ModelVersionInfo | None:
     """Log the exported model to the run with a signature inferred from an example batch, and register it.
 
     With `registered_name` None the model is only logged to the run (a model the gate did not bless).
@@ -89,6 +105,8 @@ def log_and_register_model(run_id: str, tracking_uri: str, keras_path: str, regi
         registered_name: `tracking.registered_model`, or None to log without registering.
         example_input: a dict of numpy inputs, or a Manifest to take the first eval rows from.
         tags: tags for the model version (credential-like names are dropped).
+        metrics: the model's evaluation, logged to the run as `<metric_prefix><name>` and linked to the logged model
+            (MLflow 3 shows them with the model, and on its registered version).
 
     Returns:
         The registered name and version; None when not registered.
@@ -116,7 +134,7 @@ def log_and_register_model(run_id: str, tracking_uri: str, keras_path: str, regi
         logged = mlflow.initialize_logged_model(name=MODEL_ARTIFACT_NAME, source_run_id=run_id,
                                                 experiment_id=experiment_id)
         common = {"artifact_path": None, "name": MODEL_ARTIFACT_NAME, "run_id": run_id, "model_id": logged.model_id,
-                  "signature": signature, "registered_model_name": registered_name,
+                  "signature": signature, "input_example": example, "registered_model_name": registered_name,
                   "pip_requirements": requirements}
         try:
             if has_strings:
@@ -130,13 +148,15 @@ def log_and_register_model(run_id: str, tracking_uri: str, keras_path: str, regi
                                  artifacts={"keras_model": local_keras}, **common)
                 flavor = "python_function"
             else:
-                info = Model.log(flavor=mlflow.keras, model=model, **common)
+                info = Model.log(flavor=_keras_flavor(), model=model, **common)
                 flavor = "keras"
         except Exception:
             from mlflow.entities import LoggedModelStatus
 
             client.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
             raise
+    if metrics:
+        _log_model_metrics(client, run_id, logged.model_id, metrics, metric_prefix)
     if registered_name is None:
         logger.info("logged the model to run %s (%s flavor), not registered", run_id, flavor)
         return None
@@ -146,3 +166,15 @@ def log_and_register_model(run_id: str, tracking_uri: str, keras_path: str, regi
     logger.info("registered %s version %d from run %s (%s flavor)", registered_name, version, run_id, flavor)
     return ModelVersionInfo(name=registered_name, version=version, model_uri=f"models:/{registered_name}/{version}",
                             logged_model_uri=info.model_uri, run_id=run_id, flavor=flavor)
+
+
+def _log_model_metrics(client, run_id: str, model_id: str, metrics: Mapping[str, float], prefix: str) -> None:
+    import math
+    import time
+
+    from mlflow.entities import Metric
+
+    timestamp = int(time.time() * 1000)
+    entries = [Metric(f"{prefix}{name}", float(value), timestamp, 0, model_id=model_id)
+               for name, value in metrics.items() if not math.isnan(float(value))]
+    client.log_batch(run_id, metrics=entries, synchronous=True)

@@ -19,6 +19,7 @@ from pipeline_lib.core.errors import UserError
 from pipeline_lib.core.secrets import is_secret_name
 from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.evaluation.slicing import SliceResult
+from pipeline_lib.tracking import lineage
 from pipeline_lib.tracking.client import MAX_TAG_VALUE, clean_tags, create_client
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ def _get_or_create_experiment(client, config: PipelineConfig) -> str:
     if experiment is None:
         location = config.tracking.artifact_location or _default_artifact_location(config.mlflow_uri)
         try:
-            return client.create_experiment(name, artifact_location=location)
+            return client.create_experiment(name, artifact_location=location,
+                                            tags={lineage.EXPERIMENT_KIND_TAG: lineage.MODEL_TRAINING_KIND})
         except MlflowException:
             # Another process created it in between.
             experiment = client.get_experiment_by_name(name)
@@ -67,6 +69,7 @@ def _get_or_create_experiment(client, config: PipelineConfig) -> str:
             f"tracking.experiment {name!r} is deleted in the MLflow store {config.mlflow_uri}; restore it "
             f"(mlflow experiments restore --experiment-id {experiment.experiment_id}) or choose another name"
         )
+    lineage.mark_model_training(client, experiment.experiment_id)
     return experiment.experiment_id
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from pipeline_lib.tracking.client import create_client
@@ -14,6 +16,8 @@ logger = logging.getLogger(__name__)
 # MLflow's own limit (mlflow.utils.validation), and what a sink keeps while the store is away.
 _MAX_METRICS_PER_BATCH = 1000
 _MAX_BUFFERED_METRICS = 100_000
+# How often the chief samples CPU, memory, disk and network (and GPUs where present) for MLflow's System metrics.
+SYSTEM_METRICS_INTERVAL_S = 2.0
 
 
 class MlflowSink:
@@ -59,3 +63,38 @@ def create_sink(run_id: str | None, tracking_uri: str, *, is_chief: bool = True,
     if not run_id or not is_chief:
         return NullSink()
     return MlflowSink(run_id, tracking_uri, flush_every)
+
+
+@contextlib.contextmanager
+def system_metrics(run_id: str | None, tracking_uri: str, *, is_chief: bool = True,
+                   interval_s: float = SYSTEM_METRICS_INTERVAL_S) -> Iterator[None]:
+    """MLflow's system metrics (`system/cpu_utilization_percentage`, memory, disk, network; GPU where present)
+    sampled on the chief while the block runs, shown in the run's System metrics tab; nothing without a run or off
+    the chief. A block shorter than one interval still logs one sample; a monitoring failure never stops training.
+    """
+    if not run_id or not is_chief:
+        yield
+        return
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    monitor = None
+    try:
+        # resume_logging: a restarted chief continues the steps of the one before it.
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, samples_before_logging=1,
+                                       resume_logging=True, tracking_uri=tracking_uri)
+        first_step = monitor._logging_step
+        monitor.start()
+    except Exception as error:  # noqa: BLE001 - see the docstring
+        logger.warning("system metrics are not logged to MLflow run %s: %s", run_id, error)
+    try:
+        yield
+    finally:
+        if monitor is not None:
+            try:
+                monitor.finish()
+                if monitor._logging_step == first_step:
+                    monitor.collect_metrics()
+                    monitor.publish_metrics(monitor.aggregate_metrics())
+                    monitor.mlflow_logger.flush()
+            except Exception as error:  # noqa: BLE001 - see the docstring
+                logger.warning("system metrics of MLflow run %s not flushed: %s", run_id, error)

@@ -4,12 +4,15 @@ worse than the rest (the labels of region "south" are noise)."""
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from pipeline_lib.config import parse_config
+from tests.flows.browser import dump_dom, require_chromium, screenshot
 
 
 def write_regions_csv(path: Path, num_rows: int = 1500, seed: int = 5) -> None:
@@ -47,20 +50,34 @@ def regions_config(tmp_path: Path) -> dict:
     }
 
 
-@pytest.mark.slow
-def test_a_clearly_worse_slice_fails_the_gate_by_name_and_the_record_shows_slices_and_plots(tmp_path, prefect_api):
-    from mlflow.tracking import MlflowClient
+@dataclass(frozen=True)
+class SlicedRun:
+    summary: Any
+    config: Any
+    mlflow_url: str
 
+
+@pytest.fixture(scope="module")
+def sliced_run(tfdag_stack, prefect_api, tmp_path_factory) -> SlicedRun:
+    """One pipeline run on the regions data, tracked on the session's MLflow server and registered although not
+    blessed (`tracking.register: always`), so that the UI has a run and a model version to show."""
     from flows.pipeline import training_pipeline
 
-    config = parse_config(regions_config(tmp_path))
-    summary = training_pipeline(config)
+    data = regions_config(tmp_path_factory.mktemp("regions"))
+    data["tracking"].update({"mlflow_uri": tfdag_stack.state.mlflow_url, "register": "always"})
+    config = parse_config(data)
+    return SlicedRun(training_pipeline(config), config, tfdag_stack.state.mlflow_url)
 
+
+@pytest.mark.slow
+def test_a_clearly_worse_slice_fails_the_gate_by_name_and_the_record_shows_slices_and_plots(sliced_run, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    summary, config = sliced_run.summary, sliced_run.config
     # Good overall, bad in the south: not blessed, and the reason names the slice.
     assert summary.metrics["accuracy"] >= 0.6, summary.metrics
     assert not summary.blessed and summary.gate.failing_slices == ("region=south",), summary.gate.reason
     assert "region=south" in summary.gate.reason and "slice_threshold" in summary.gate.reason
-    assert summary.model_version is None  # tracking.register: blessed
 
     client = MlflowClient(tracking_uri=config.mlflow_uri)
     run = client.get_run(summary.mlflow_run_id)
@@ -69,6 +86,9 @@ def test_a_clearly_worse_slice_fails_the_gate_by_name_and_the_record_shows_slice
     assert metrics["slice.region:south.num_examples"] >= 20
     assert {"slice.age:_35.accuracy", "slice.age:_35_65_.accuracy", "slice.age:_65.accuracy"} <= set(metrics)
     assert run.data.tags["tfdag.blessed"] == "false"
+    # Registered only because of `register: always`, tagged as not blessed.
+    version = client.get_model_version("regions-slices", summary.model_version)
+    assert version.tags["blessed"] == "false" and not version.aliases
 
     names = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation")}
     assert {"evaluation/slices.json", "evaluation/slices.md", "evaluation/plots"} <= names
@@ -78,3 +98,35 @@ def test_a_clearly_worse_slice_fails_the_gate_by_name_and_the_record_shows_slice
     local = client.download_artifacts(run.info.run_id, "evaluation/slices.md", str(tmp_path / "dl"))
     text = Path(local).read_text()
     assert "| region=south ✗ |" in text and "## age (buckets 35, 65)" in text
+
+
+@pytest.mark.slow
+def test_the_mlflow_ui_shows_the_blessing_the_slices_and_the_confusion_matrix(sliced_run, tmp_path):
+    """Headless Chromium on the run page, its artifacts and the model version page; screenshots are kept under
+    the test's output (tmp_path/screenshots)."""
+    chromium = require_chromium()
+    summary = sliced_run.summary
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=sliced_run.mlflow_url)
+    run = client.get_run(summary.mlflow_run_id)
+    base = f"{sliced_run.mlflow_url}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    shots = tmp_path / "screenshots"
+    pages = {
+        "run": (base, ["tfdag.blessed", "regions-slices"]),
+        "slices": (f"{base}/artifacts/evaluation/slices.md", ["slices.md", "region=south"]),
+        "confusion_matrix": (f"{base}/artifacts/evaluation/plots/confusion_matrix.png",
+                             ["confusion_matrix.png", "<img"]),
+        "model_version": (f"{sliced_run.mlflow_url}/#/models/regions-slices/versions/{summary.model_version}",
+                          ["blessed", "false"]),
+    }
+    for name, (url, expected) in pages.items():
+        dom = ""
+        for budget_ms in (15000, 40000):
+            dom = dump_dom(chromium, url, str(tmp_path / f"profile-{name}-{budget_ms}"), budget_ms)
+            if all(text in dom for text in expected):
+                break
+        missing = [text for text in expected if text not in dom]
+        assert not missing, f"{url} does not show {missing}; page text starts:\n{dom[:3000]}"
+        screenshot(chromium, url, str(tmp_path / f"profile-{name}-shot"), shots / f"{name}.png")
+        assert (shots / f"{name}.png").stat().st_size > 10_000

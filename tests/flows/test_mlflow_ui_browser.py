@@ -2,32 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-
 import pytest
+
+from tests.flows.browser import dump_dom, require_chromium
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
-
-
-def _dump_dom(url: str, profile_dir: str, budget_ms: int) -> str:
-    out = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile_dir}", f"--virtual-time-budget={budget_ms}",
-                          "--dump-dom", url], capture_output=True, text=True, timeout=180, check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
-
-
 def test_mlflow_ui_shows_the_runs_metric_names(retrain_scenario, mlflow_client, tmp_path):
-    if CHROMIUM is None:
-        missing = "chromium is not installed (`make test` installs Debian's `chromium` when run as root)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{missing}: under CI=true a missing part fails the run")
-        pytest.skip(missing)
+    chromium = require_chromium()
     assert retrain_scenario.first.returncode == 0, retrain_scenario.first.stdout[-3000:]
     experiment = mlflow_client.get_experiment_by_name("digits-retrain")
     run = mlflow_client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])[0]
@@ -39,7 +21,7 @@ def test_mlflow_ui_shows_the_runs_metric_names(retrain_scenario, mlflow_client, 
     # The UI renders in the browser from the REST API; give the page more virtual time when it is not there yet.
     dom = ""
     for budget_ms in (15000, 40000):
-        dom = _dump_dom(url, str(tmp_path / f"profile-{budget_ms}"), budget_ms)
+        dom = dump_dom(chromium, url, str(tmp_path / f"profile-{budget_ms}"), budget_ms)
         if all(name in dom for name in expected):
             break
     missing = sorted(name for name in expected if name not in dom)

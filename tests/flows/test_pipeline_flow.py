@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from pipeline_lib.config import parse_config
 from pipeline_lib.data import demo as demo_data
@@ -96,6 +98,37 @@ def test_training_pipeline_end_to_end(tmp_path, prefect_api):
     got = served.predict({k: v.numpy() for k, v in inputs.items()})
     got = np.asarray(got if not hasattr(got, "to_numpy") else got.to_numpy())
     np.testing.assert_allclose(got.reshape(expected.shape), expected, atol=1e-5)
+
+
+    # What MLflow 3's run page shows: source, datasets, system metrics, the model with its metrics and input
+    # example, the experiment in the model-training view, the resolved config.
+    assert run.data.tags["mlflow.source.name"] == "prefect flow training-pipeline"
+    assert run.data.tags["mlflow.source.type"] == "JOB"
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    datasets = {d.dataset.name: d for d in run.inputs.dataset_inputs}
+    assert set(datasets) == {"digits-flow-test-train", "digits-flow-test-eval"}
+    train_input = datasets["digits-flow-test-train"]
+    assert train_input.dataset.digest == summary.data_fingerprint[:36]
+    assert json.loads(train_input.dataset.profile)["num_rows"] == manifest.num_records("train")
+    assert json.loads(train_input.dataset.source)["uri"].endswith(summary.data_fingerprint)
+    assert {t.key: t.value for t in train_input.tags}["mlflow.data.context"] == "training"
+    assert "target" in train_input.dataset.schema
+    assert any(name.startswith("system/cpu_utilization_percentage") for name in run.data.metrics)
+    assert any(name.startswith("system/system_memory_usage") for name in run.data.metrics)
+    [logged] = client.search_logged_models([run.info.experiment_id],
+                                          filter_string=f"source_run_id = '{run.info.run_id}'")
+    model_metrics = {m.key: m.value for m in logged.metrics}
+    assert model_metrics["final_eval_accuracy"] == pytest.approx(summary.metrics["accuracy"])
+    assert version.model_id == logged.model_id or version.source == f"models:/{logged.model_id}", version
+    model_files = {a.path for a in client.list_artifacts(run.info.run_id)} | set(
+        os.listdir(mlflow.artifacts.download_artifacts(logged.artifact_location, dst_path=str(tmp_path / "m"))))
+    assert "input_example.json" in model_files and "serving_input_example.json" in model_files
+    config_text = Path(client.download_artifacts(run.info.run_id, "config/pipeline.yaml", str(tmp_path / "c"))
+                       ).read_text()
+    assert yaml.safe_load(config_text)["name"] == "digits-flow-test"
+    plot_names = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation/plots")}
+    assert "evaluation/plots/confusion_matrix.png" in plot_names
 
 
 @pytest.mark.slow
