@@ -120,3 +120,24 @@ def test_example_configs_load():
 
     for path in sorted(Path(__file__).resolve().parents[2].joinpath("examples").glob("*.yaml")):
         load_config(path)
+
+
+def test_masked_yaml_hides_secret_keys_and_url_passwords_but_keeps_the_rest():
+    from pipeline_lib.config import parse_config
+
+
+
+    config = parse_config({
+        "name": "masked",
+        "data": {"source": "s3://bucket/raw.csv", "label": "y",
+                 "storage_options": {"key": "AKIAEXAMPLE", "secret": "sekrit-value", "client_kwargs": {
+                     "endpoint_url": "http://127.0.0.1:9000"}}},
+        "tracking": {"mlflow_uri": "http://alice:pa55word@127.0.0.1:5000"},
+    })
+    text = config.masked_yaml()
+    assert "AKIAEXAMPLE" not in text and "sekrit-value" not in text and "pa55word" not in text
+    loaded = yaml.safe_load(text)
+    assert loaded["data"]["storage_options"]["secret"] == "***"
+    assert loaded["data"]["storage_options"]["client_kwargs"]["endpoint_url"] == "http://127.0.0.1:9000"
+    assert loaded["tracking"]["mlflow_uri"] == "http://alice:***@127.0.0.1:5000"
+    assert loaded["name"] == "masked" and loaded["data"]["label"] == "y"
