@@ -9,6 +9,10 @@ import os
 import sys
 import traceback
 
+# Before anything imports TensorFlow (pipeline_lib quiets it on import unless verbose): `-v` keeps the noise.
+if any(arg in ("-v", "--verbose") for arg in sys.argv[1:]):
+    os.environ["TFDAG_VERBOSE"] = "1"
+
 # Exit codes: documented in the README beside `tfdag run`.
 EXIT_OK = 0
 EXIT_FAILURE = 1  # a stage failed for a reason other than the input (a worker crashed, a server went away)
@@ -260,18 +264,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _drop_routine_state_lines(record: logging.LogRecord) -> bool:
+    """The console leaves out Prefect's "Finished in state Completed()" after each task (the Prefect UI keeps it):
+    a stage that did not complete still shows."""
+    return not (record.name.startswith("prefect.") and record.getMessage() == "Finished in state Completed()")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    # TensorFlow's C++ start-up chatter (oneDNN, cuInit on GPU-less machines) buries the progress lines;
-    # workers inherit this. Prefect's anonymous telemetry is off: nothing leaves the machine.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Prefect's anonymous telemetry is off: nothing leaves the machine.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if args.verbose:
+        os.environ["TFDAG_VERBOSE"] = "1"  # workers inherit it
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "httpcore", "alembic", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
     from pipeline_lib.core.errors import is_user_error
+    from pipeline_lib.core.quiet import quiet_python_loggers
+
+    quiet_python_loggers()
+    if args.command != "stack":  # every other command loads TensorFlow: load it now, its start-up lines held back
+        from pipeline_lib.core.quiet import import_tensorflow
+
+        import_tensorflow()
+    if not args.verbose:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_drop_routine_state_lines)
 
     try:
         return args.fn(args)

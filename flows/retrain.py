@@ -5,6 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+from pipeline_lib.core.quiet import import_tensorflow
+
+# A flow-run process (a Prefect worker's) loads TensorFlow here, before anything else does: its start-up lines
+# held back unless TFDAG_VERBOSE=1.
+import_tensorflow()
+
 from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import (
     create_link_artifact,

@@ -118,7 +118,7 @@ class CheckpointStore:
         for path in [layout.manifest_path(prefix), *manifests.files_of(prefix)]:
             if tf.io.gfile.exists(path):
                 tf.io.gfile.remove(path)
-        logger.info("checkpoint %s removed by retention", prefix)
+        logger.debug("checkpoint %s removed by retention", prefix)
 
     def latest_valid(self) -> CheckpointRecord | None:
         """The newest verified checkpoint of this store's directory."""

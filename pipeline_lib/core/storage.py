@@ -266,5 +266,5 @@ def check_storage(config: Any) -> tuple[str, ...]:
         _check_writable("tracking.artifact_location", location, dict(config.storage_options) if same else {},
                         "storage_options")
         checked.append(location)
-    logger.info("storage check passed for %s", ", ".join(checked))
+    logger.debug("storage check passed for %s", ", ".join(checked))
     return tuple(checked)

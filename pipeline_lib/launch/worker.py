@@ -28,11 +28,16 @@ import traceback
 from collections.abc import Sequence
 from typing import Protocol
 
+from pipeline_lib.core.quiet import import_tensorflow
+
+import_tensorflow()  # first, its start-up lines held back unless TFDAG_VERBOSE=1
+
 from pipeline_lib.cluster.info import ClusterInfo, cluster_from_env
 from pipeline_lib.cluster.preflight import run_preflight
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
 from pipeline_lib.core.errors import UserError
+from pipeline_lib.core.quiet import quiet_python_loggers
 from pipeline_lib.data.manifest import load_manifest
 from pipeline_lib.launch.heartbeat import Heartbeat
 from pipeline_lib.launch.spec import (
@@ -203,6 +208,7 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    quiet_python_loggers()
     try:
         spec = load_spec(args.spec)
         return run_worker(spec)

@@ -63,7 +63,10 @@ def _column(spec: FeatureSpec) -> Any:
 def manifest_datasets(manifest: Manifest, name: str) -> list[tuple[Any, str]]:
     """One MLflow dataset per non-empty split of the manifest, with its context: the TFRecords' URI as the source,
     the data fingerprint as the digest, the schema, and the split's rows and shards as the profile."""
-    from mlflow.data.dataset_source_registry import get_registered_sources, resolve_dataset_source
+    from mlflow.data.dataset_source_registry import (
+        get_registered_sources,
+        resolve_dataset_source,
+    )
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.types import Schema
 

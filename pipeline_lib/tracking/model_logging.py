@@ -60,6 +60,17 @@ mlflow.models.set_model(KerasDictModel())
 '''
 
 
+@contextlib.contextmanager
+def _no_progress_bars():
+    was_interactive = keras.config.is_interactive_logging_enabled()
+    keras.config.disable_interactive_logging()
+    try:
+        yield
+    finally:
+        if was_interactive:
+            keras.config.enable_interactive_logging()
+
+
 def _keras_flavor() -> Any:
     """`mlflow.keras` for `Model.log`, with its model directory created first: MLflow 3.17's keras `save_model`
     writes the input example before it creates that directory (FileNotFoundError on input_example.json)."""
@@ -128,6 +139,7 @@ def log_and_register_model(run_id: str, tracking_uri: str, keras_path: str, regi
     experiment_id = client.get_run(run_id).info.experiment_id
     with contextlib.ExitStack() as stack:
         stack.enter_context(global_tracking_uri(tracking_uri))
+        stack.enter_context(_no_progress_bars())  # MLflow predicts on the input example to check it
         # Created first in the run's experiment: without an active run MLflow would file the model under the
         # default experiment (and its ./mlruns artifact root). Passing run_id, not an active run, keeps the
         # pipeline's run RUNNING after logging.

@@ -107,7 +107,7 @@ def start_run(config: PipelineConfig, run_name: str, *, tags: Mapping[str, Any] 
             return run.info.run_id
     all_tags = {"tfdag.pipeline": config.name, "tfdag.config_hash": config.config_hash(), **clean_tags(tags)}
     run = client.create_run(experiment_id, run_name=run_name, tags=all_tags)
-    logger.info("MLflow run %s (%s) in experiment %r at %s", run.info.run_id, run_name,
+    logger.debug("MLflow run %s (%s) in experiment %r at %s", run.info.run_id, run_name,
                 config.tracking.experiment, config.mlflow_uri)
     return run.info.run_id
 
@@ -132,7 +132,7 @@ def finish_run(run_id: str, tracking_uri: str, status: RunStatus | str = RunStat
     if failed_stage:
         client.set_tag(run_id, FAILED_STAGE_TAG, failed_stage[:MAX_TAG_VALUE])
     client.set_terminated(run_id, status=name)
-    logger.info("MLflow run %s ended %s%s", run_id, name, f" in stage {failed_stage}" if failed_stage else "")
+    logger.debug("MLflow run %s ended %s%s", run_id, name, f" in stage {failed_stage}" if failed_stage else "")
 
 
 def _param_value(value: Any) -> str:
