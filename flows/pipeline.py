@@ -24,6 +24,7 @@ from pipeline_lib.evaluation import slicing
 from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.planning import sharding
 from pipeline_lib.tracking import lineage
+from pipeline_lib.tracking import run as tracking_run
 from pipeline_lib.tracking.params import pipeline_params
 from pipeline_lib.tracking.run import RunStatus
 from pipeline_lib.training import strategy
@@ -70,6 +71,7 @@ class _Progress:
     def __init__(self) -> None:
         self.stage = "load_config"
         self.mlflow_run_id: str | None = None
+        self.run_dir: str | None = None
 
     def __call__(self, stage: str) -> None:
         self.stage = stage
@@ -102,6 +104,7 @@ def run_pipeline(config: PipelineConfig, *, extra_tags: dict[str, str] | None = 
         return summary
     except (KeyboardInterrupt, TerminationSignal):
         logger.error("pipeline %r stopped in stage %s", config.name, progress.stage)
+        keep_task_logs(config, progress)
         end_tracking_run(config, progress.mlflow_run_id, RunStatus.KILLED, progress.stage)
         raise
     except Exception as error:
@@ -111,8 +114,24 @@ def run_pipeline(config: PipelineConfig, *, extra_tags: dict[str, str] | None = 
             description=f"failed in stage {progress.stage}",
         )
         logger.error("pipeline %r failed in stage %s: %s", config.name, progress.stage, error)
+        keep_task_logs(config, progress)
         end_tracking_run(config, progress.mlflow_run_id, RunStatus.FAILED, progress.stage)
         raise
+
+
+def keep_task_logs(config: PipelineConfig, progress: _Progress) -> None:
+    """On a failed or stopped run, the training tasks' logs (`<run_dir>/logs/`) go to MLflow as artifacts `logs/`,
+    so a failed worker's traceback survives its process. Best effort: the error that stopped the run is the one to
+    report."""
+    if progress.mlflow_run_id is None or progress.run_dir is None:
+        return
+    logs = storage.join(progress.run_dir, "logs")
+    try:
+        fs, path = storage.get_fs(logs, config.storage_options)
+        if fs.exists(path):
+            tracking_run.log_artifacts(progress.mlflow_run_id, config.mlflow_uri, {"logs": logs})
+    except Exception as error:  # noqa: BLE001 - see the docstring
+        get_run_logger().warning("task logs not logged to MLflow run %s: %s", progress.mlflow_run_id, error)
 
 
 def end_tracking_run(config: PipelineConfig, run_id: str | None, status: RunStatus,
@@ -135,7 +154,7 @@ def end_tracking_run(config: PipelineConfig, run_id: str | None, status: RunStat
 
 def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[str, str]) -> PipelineSummary:
     run_name = runs.new_run_name(config.name)
-    run_dir = runs.run_dir_for(config.output_root, run_name)
+    run_dir = progress.run_dir = runs.run_dir_for(config.output_root, run_name)
     flow_run_id = str(runtime.flow_run.id or "")
     tags = {"prefect_flow_run_id": flow_run_id, "tfdag_run_name": run_name,
             **lineage.source_tags(runtime.flow_run.flow_name, runtime.deployment.name, lineage.git_commit()),
@@ -187,6 +206,7 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
             "evaluation/evaluation.md": report.to_markdown(),
             **{f"evaluation/plots/{name}.png": uri for name, uri in report.plots.items()},
             "tensorboard": train_result.tensorboard_dir,
+            "logs": storage.join(run_dir, "logs"),
         }
         if report.slices:
             artifacts["evaluation/slices.json"] = slicing.slices_to_json(report.slices)

@@ -50,12 +50,14 @@ class TaskProcess:
     """One running task: the Popen, the thread that streams its output to `log_fn`, and the tail of that output."""
 
     def __init__(self, task: TaskSpec, popen: subprocess.Popen, log_fn: Callable[[str], None],
-                 log_lock: threading.Lock):
+                 log_lock: threading.Lock, log_path: str | None = None):
         self.task = task
         self.popen = popen
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._log_fn = log_fn
         self._log_lock = log_lock
+        # Every line also kept in a file (appended across attempts), so a failed task's traceback survives it.
+        self._log_file = open(log_path, "a", encoding="utf-8", buffering=1) if log_path else None  # noqa: SIM115
         self.thread = threading.Thread(target=self._pump, name=f"tfdag-log-{task.name}", daemon=True)
         self.thread.start()
 
@@ -65,12 +67,16 @@ class TaskProcess:
         for raw in iter(self.popen.stdout.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
             self.tail.append(line)
+            if self._log_file is not None:
+                self._log_file.write(line + "\n")
             with self._log_lock:
                 try:
                     self._log_fn(prefix + line)
                 except Exception:  # a broken log sink must not stop the pump (or block the pipe)
                     logger.debug("log_fn failed on a line of %s", self.task.name, exc_info=True)
         self.popen.stdout.close()
+        if self._log_file is not None:
+            self._log_file.close()
 
     def poll(self) -> int | None:
         return self.popen.poll()
@@ -110,10 +116,11 @@ def worker_env(task: TaskSpec, extra_env: Mapping[str, str]) -> dict[str, str]:
 
 
 def start_worker(task: TaskSpec, spec_path: str, extra_env: Mapping[str, str], log_fn: Callable[[str], None],
-                 log_lock: threading.Lock) -> TaskProcess:
-    """Start `python -m pipeline_lib.launch.worker --spec SPEC_PATH` for `task` in its own session."""
+                 log_lock: threading.Lock, log_path: str | None = None) -> TaskProcess:
+    """Start `python -m pipeline_lib.launch.worker --spec SPEC_PATH` for `task` in its own session; its output
+    goes to `log_fn` line by line and, with `log_path`, is appended to that file too."""
     command = [sys.executable, "-m", WORKER_MODULE, "--spec", spec_path]
     popen = subprocess.Popen(command, env=worker_env(task, extra_env), stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     logger.debug("started %s as pid %d", task.name, popen.pid)
-    return TaskProcess(task, popen, log_fn, log_lock)
+    return TaskProcess(task, popen, log_fn, log_lock, log_path)

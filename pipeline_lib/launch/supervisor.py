@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 STARTUP_ALLOWANCE_S = 120.0
 SLOW_PHASE_FACTOR = 3.0
 POLL_S = 0.1
+LOGS_NAME = "logs"  # <run_dir>/logs/<task>.log: every line of every task, all attempts
 # After a preemption exit the others are finishing the same coordinated checkpoint: let them.
 PREEMPTION_GRACE_S = 60.0
 # After a permanent exit, a peer killed by a signal at about the same time is the likelier root cause.
@@ -149,6 +150,8 @@ class AttemptSupervisor:
         self.processes: list[TaskProcess] = []
         self._watches: dict[str, HeartbeatWatch] = {}
         self.work_dir = tempfile.mkdtemp(prefix="tfdag-launch-")
+        self.logs_dir = os.path.join(self.work_dir, "logs")  # <task>.log, copied to <run_dir>/logs at the end
+        os.makedirs(self.logs_dir)
         self.spec_path = os.path.join(self.work_dir, "worker_spec.json")
         with open(self.spec_path, "w") as handle:
             handle.write(spec.model_dump_json())
@@ -183,7 +186,11 @@ class AttemptSupervisor:
         """
         self._reset_run_files()
         for task in tasks:  # one by one: if a start fails, `fence` still ends those already started
-            self.processes.append(start_worker(task, self.spec_path, self.extra_env, self.log_fn, self.log_lock))
+            log_path = os.path.join(self.logs_dir, f"{task.name.replace(' ', '-')}.log")
+            with open(log_path, "a", encoding="utf-8") as handle:
+                handle.write(f"--- attempt {number} ---\n")
+            self.processes.append(start_worker(task, self.spec_path, self.extra_env, self.log_fn, self.log_lock,
+                                               log_path))
         started = time.monotonic()
         watches = {p.task.name: HeartbeatWatch(os.path.join(self.spec.heartbeat_dir, heartbeat_name(p.task.cluster)),
                                                started)
@@ -315,5 +322,11 @@ class AttemptSupervisor:
             return TrainResult.model_validate_json(handle.read())
 
     def close(self) -> None:
+        """End every process, keep the task logs in `<run_dir>/logs/` (whatever the outcome), remove the rest."""
         self.fence()
+        try:
+            fs, path = storage.get_fs(storage.join(self.spec.run_dir, LOGS_NAME), self.config.storage_options)
+            storage.upload_tree(self.logs_dir, fs, path)
+        except Exception as error:  # noqa: BLE001 - losing the log copy must not hide how training ended
+            logger.warning("task logs not copied to %s/%s: %s", self.spec.run_dir, LOGS_NAME, error)
         shutil.rmtree(self.work_dir, ignore_errors=True)

@@ -73,7 +73,7 @@ def test_training_pipeline_end_to_end(tmp_path, prefect_api):
     assert run.data.tags["prefect_flow_run_id"]
 
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"data", "cluster", "evaluation"} <= artifacts
+    assert {"data", "cluster", "evaluation", "logs", "config"} <= artifacts
     version = client.get_model_version("digits-flow-test", summary.model_version)
     assert version.run_id == run.info.run_id
     # A passing gate registers as before, tagged blessed; the training pipeline itself moves no alias.
@@ -274,6 +274,28 @@ def test_a_failure_or_interrupt_in_training_ends_the_mlflow_run_naming_the_stage
     [run] = _pipeline_runs(parse_config(data), data["name"])
     assert run.info.status == status and run.info.end_time is not None
     assert run.data.tags["tfdag.failed_stage"] == "train"
+
+
+@pytest.mark.slow
+def test_a_worker_that_fails_leaves_its_traceback_in_the_failed_runs_logs(tmp_path, prefect_api, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from flows.pipeline import training_pipeline
+    from pipeline_lib.launch.errors import WorkerFailed
+
+    monkeypatch.setenv("TFDAG_FAULT", "raise:worker=0:step=5")
+    data = digits_config(tmp_path, strategy="default", cpu_replicas=None)
+    data["name"] = "digits-worker-traceback"
+    config = parse_config(data)
+    with pytest.raises(WorkerFailed):
+        training_pipeline(config)
+
+    [run] = _pipeline_runs(config, data["name"])
+    assert run.info.status == "FAILED" and run.data.tags["tfdag.failed_stage"] == "train"
+    client = MlflowClient(tracking_uri=config.mlflow_uri)
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "logs")} == {"logs/worker-0.log"}
+    kept = Path(client.download_artifacts(run.info.run_id, "logs/worker-0.log", str(tmp_path / "dl"))).read_text()
+    assert "Traceback (most recent call last)" in kept and "FaultInjected" in kept
 
 
 @pytest.mark.slow

@@ -98,6 +98,11 @@ def test_two_workers_succeed_with_prefixed_logs_and_the_chiefs_result(tmp_path, 
     assert not any(line.startswith("[worker 1] ") and "train | step:" in line for line in lines)
     assert os.path.isdir(os.path.join(run_dir, "preflight"))
     assert [m.step for m in client.get_metric_history(run_id, "loss")] == [10, 20]
+    # Every line of every task is kept in <run_dir>/logs/<task>.log.
+    for task in ("worker-0", "worker-1"):
+        with open(os.path.join(run_dir, "logs", f"{task}.log")) as handle:
+            kept = handle.read()
+        assert kept.startswith("--- attempt 1 ---\n") and f"{task.replace('-', ' ')} finished at step 20" in kept
 
 
 @pytest.mark.slow
@@ -111,6 +116,10 @@ def test_a_worker_exception_is_permanent_with_its_index_and_traceback(tmp_path, 
     assert message.startswith("worker 1 exited 1 (a Python exception)")
     assert "Traceback (most recent call last)" in message and "FaultInjected" in message
     assert calls == []  # permanent: no restart
+    # The failed task's traceback survives its process in the run's logs.
+    with open(os.path.join(spec.run_dir, "logs", "worker-1.log")) as handle:
+        kept = handle.read()
+    assert "Traceback (most recent call last)" in kept and "FaultInjected" in kept
 
 
 @pytest.mark.slow
@@ -128,6 +137,9 @@ def test_sigkill_of_the_chief_mid_epoch_restarts_and_finishes_exactly_total_step
     assert [r.resumed_step for r in result.restarts] == [20]
     assert "resuming at step 20 of 40" in logs.text
     assert "[supervisor] restart 1: worker 0 killed by SIGKILL; resumed at step 20 of 40" in logs.text
+    with open(os.path.join(spec.run_dir, "logs", "worker-0.log")) as handle:
+        kept = handle.read()
+    assert "--- attempt 1 ---" in kept and "--- attempt 2 ---" in kept and "resuming at step 20 of 40" in kept
 
 
 @pytest.mark.slow
