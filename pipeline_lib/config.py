@@ -293,6 +293,11 @@ class TrackingConfig(_Frozen):
     enabled: bool = True
 
 
+class ObservabilityConfig(_Frozen):
+    # A Prometheus endpoint on every training task and on the supervisor: 0 = a free port each, null = off.
+    prometheus_port: int | None = Field(0, ge=0, le=65535)
+
+
 class PreflightConfig(_Frozen):
     enabled: bool = True
     timeout_s: float = Field(60.0, gt=0.0)
@@ -308,6 +313,7 @@ class PipelineConfig(_Frozen):
     evaluation: EvaluationConfig = EvaluationConfig()
     tracking: TrackingConfig = TrackingConfig()
     preflight: PreflightConfig = PreflightConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
 
     @property
     def mlflow_uri(self) -> str:

@@ -188,6 +188,8 @@ def launch(
                 record = RestartRecord(number=len(restarts) + 1, cause=outcome.cause, time=time.time(), delay_s=delay,
                                        total_steps=spec.plan.total_steps)
                 restarts.append(record)
+                if supervisor.metrics is not None:
+                    supervisor.metrics.restarts.inc()
                 logger.warning("restart %d of %d in %.1f s: %s", record.number, train.max_restarts, delay,
                                outcome.cause)
                 with supervisor.log_lock:

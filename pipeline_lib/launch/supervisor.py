@@ -23,6 +23,7 @@ most SHUTDOWN_GRACE_S) to exit, then are ended.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import logging
 import os
 import shutil
@@ -41,6 +42,11 @@ from pipeline_lib.launch.processes import (
     TaskSpec,
     is_stopped,
     start_worker,
+)
+from pipeline_lib.launch.prometheus import (
+    ENDPOINT_SUFFIX,
+    TARGETS_NAME,
+    SupervisorMetrics,
 )
 from pipeline_lib.launch.spec import PREEMPTION_EXIT_CODE, RESULT_NAME, WorkerSpec
 from pipeline_lib.training.hooks import Phase
@@ -153,6 +159,11 @@ class AttemptSupervisor:
         self.logs_dir = os.path.join(self.work_dir, "logs")  # <task>.log, copied to <run_dir>/logs at the end
         os.makedirs(self.logs_dir)
         self.spec_path = os.path.join(self.work_dir, "worker_spec.json")
+        self.metrics: SupervisorMetrics | None = None
+        if config.observability.prometheus_port is not None:
+            self.metrics = SupervisorMetrics(os.path.basename(spec.run_dir.rstrip("/")), "127.0.0.1",
+                                             config.observability.prometheus_port,
+                                             storage.join(spec.run_dir, TARGETS_NAME), config.storage_options)
         with open(self.spec_path, "w") as handle:
             handle.write(spec.model_dump_json())
 
@@ -232,12 +243,25 @@ class AttemptSupervisor:
                 # The result is written: a worker slow or stuck in its shutdown cannot lose the run.
                 time.sleep(POLL_S)
                 continue
+            if self.metrics is not None:
+                self._publish_metrics(watches)
             # The group, not one task, must have been silent past the bound: a worker that stepped into a collective
             # while its peer was still saving has been "silent" since before that save, but the peer's progress
             # shows the group is alive (a synchronous step cannot complete while any task of it hangs).
             if running and min(w.silent_for(now) for w in running) > group_bound_s(running, hang_timeout):
                 return self._hang(watches, codes, now)
             time.sleep(POLL_S)
+
+    def _publish_metrics(self, watches: dict[str, HeartbeatWatch]) -> None:
+        """The straggler signal from the heartbeats, and the targets file with every task endpoint found."""
+        assert self.metrics is not None
+        steps = {}
+        for process in self.processes:
+            watch = watches.get(process.task.name)
+            if watch is not None and watch.last_step is not None and watch.last_step >= 0:
+                steps[(process.task.cluster.task_type, process.task.cluster.task_index)] = watch.last_step
+        self.metrics.set_lag(steps)
+        self.metrics.write_targets(glob.glob(os.path.join(self.spec.heartbeat_dir, f"*{ENDPOINT_SUFFIX}")))
 
     def _hang(self, watches: dict[str, HeartbeatWatch], codes: dict[str, int | None], now: float) -> AttemptOutcome:
         running = {n: w for n, w in watches.items() if codes[n] is None}
@@ -322,8 +346,11 @@ class AttemptSupervisor:
             return TrainResult.model_validate_json(handle.read())
 
     def close(self) -> None:
-        """End every process, keep the task logs in `<run_dir>/logs/` (whatever the outcome), remove the rest."""
+        """End every process, keep the task logs in `<run_dir>/logs/` (whatever the outcome), empty the Prometheus
+        targets, remove the rest."""
         self.fence()
+        if self.metrics is not None:
+            self.metrics.close()
         try:
             fs, path = storage.get_fs(storage.join(self.spec.run_dir, LOGS_NAME), self.config.storage_options)
             storage.upload_tree(self.logs_dir, fs, path)

@@ -39,7 +39,8 @@ from pipeline_lib.core import storage
 from pipeline_lib.core.errors import UserError
 from pipeline_lib.core.quiet import quiet_python_loggers
 from pipeline_lib.data.manifest import load_manifest
-from pipeline_lib.launch.heartbeat import Heartbeat
+from pipeline_lib.launch.heartbeat import Heartbeat, heartbeat_name
+from pipeline_lib.launch.prometheus import ENDPOINT_SUFFIX, TaskMetrics
 from pipeline_lib.launch.spec import (
     FAULT_ENV,
     PARENT_PID_ENV,
@@ -72,10 +73,21 @@ class FaultHooks(Protocol):
 class WorkerHooks(TrainHooks):
     """The training loop's hooks in a worker: heartbeats with the phase, optional faults (tests), SIGTERM as a stop."""
 
-    def __init__(self, heartbeat: Heartbeat | None, faults: FaultHooks | None = None):
+    def __init__(self, heartbeat: Heartbeat | None, faults: FaultHooks | None = None,
+                 metrics: TaskMetrics | None = None):
         self.heartbeat = heartbeat
         self.faults = faults
+        self.metrics = metrics
         self.preempted = False
+
+    def on_execution(self, step: int, steps: int, examples: int, seconds: float, loss: float,
+                     learning_rate: float) -> None:
+        if self.metrics is not None:
+            self.metrics.on_execution(steps, examples, seconds, loss, learning_rate)
+
+    def on_checkpoint(self, step: int, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.on_checkpoint(seconds)
 
     def on_restored(self, step: int) -> None:
         if self.heartbeat is not None:
@@ -149,6 +161,24 @@ def _create_fault_hooks(spec: WorkerSpec, config: PipelineConfig, cluster: Clust
     return injector
 
 
+def _start_metrics(spec: WorkerSpec, config: PipelineConfig, cluster: ClusterInfo) -> TaskMetrics | None:
+    """This task's Prometheus endpoint (`observability.prometheus_port`), on its own cluster address's host, with
+    its address beside its heartbeat for the supervisor; None when off."""
+    port = config.observability.prometheus_port
+    if port is None:
+        return None
+    addresses = cluster.cluster.get(cluster.task_type, ())
+    # A one-process run has no cluster spec: it serves on loopback.
+    host = (addresses[cluster.task_index].rsplit(":", 1)[0].strip("[]") if cluster.task_index < len(addresses)
+            else "127.0.0.1")
+    run = os.path.basename(spec.run_dir.rstrip("/"))
+    metrics = TaskMetrics(run, cluster.task_type, cluster.task_index, host, port)
+    metrics.write_endpoint(os.path.join(spec.heartbeat_dir, heartbeat_name(cluster).removesuffix(".json")
+                                        + ENDPOINT_SUFFIX))
+    logger.info("%s: Prometheus metrics on http://%s/metrics", cluster.name, metrics.target)
+    return metrics
+
+
 def _write_result(run_dir: str, result: TrainResult, storage_options: dict) -> None:
     fs, path = storage.get_fs(storage.join(run_dir, RESULT_NAME), storage_options)
     storage.write_bytes_atomic(fs, path, result.model_dump_json(indent=2).encode())
@@ -177,7 +207,8 @@ def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None) -> int:
         # The server blocks inside C++; SIGTERM keeps its default action (exit 143, retryable).
         training.run_server(cluster)
         return 0
-    hooks = WorkerHooks(heartbeat, _create_fault_hooks(spec, config, cluster))
+    metrics = _start_metrics(spec, config, cluster)
+    hooks = WorkerHooks(heartbeat, _create_fault_hooks(spec, config, cluster), metrics)
     choice = strategies.create_strategy(config.train, cluster)
     # After the strategy: MultiWorkerMirrored's coordination service installs a C++ SIGTERM notifier
     # that would otherwise replace Python's handler.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 
 from pipeline_lib.checkpoints import layout
@@ -39,6 +40,7 @@ class LoopController:
         self.step, self.last_loss = state.start_step, restored_loss
         self._last_saved = state.start_step if state.start_step else -1
         self._phase = Phase.STARTING
+        self._execution_started = time.monotonic()
 
     def steps_to_next(self, limit: int) -> int:
         """Steps to run next: at most `limit`, and none past the next log or checkpoint step or the end."""
@@ -53,6 +55,9 @@ class LoopController:
             self.hooks.on_step_end(self.step + offset + 1, self.global_batch, float(loss))
         self.step += len(losses)
         self.last_loss = float(losses[-1])
+        now = time.monotonic()
+        self.hooks.on_execution(self.step, len(losses), len(losses) * self.global_batch, now - self._execution_started,
+                                self.last_loss, current_learning_rate(self.state.optimizer))
         if not math.isfinite(self.last_loss):
             logger.warning("loss is %s at step %d", self.last_loss, self.step)
         step = self.step
@@ -68,6 +73,7 @@ class LoopController:
             record = self._save_checkpoint(step) if self._last_saved != step else None
             raise TrainingInterrupted(step, record.path if record is not None else
                                       layout.prefix_for(self.state.run_storage.local_checkpoint_dir, step))
+        self._execution_started = time.monotonic()  # the next execution's time starts after this bookkeeping
 
     def finish(self) -> None:
         """Enter the FINISHING phase and save the last step unless it is saved already."""
@@ -100,8 +106,10 @@ class LoopController:
             self.progress.log_eval(at_step, metrics)
             return {**metrics, TRAIN_LOSS_METRIC: train_loss} if math.isfinite(train_loss) else metrics
 
+        started = time.monotonic()
         record = self.state.store.save(at_step, metrics_fn=measure)
         self._publish_to_run_dir(record)
+        self.hooks.on_checkpoint(at_step, time.monotonic() - started)
         self._last_saved = at_step
         self._enter(resume)
         return record

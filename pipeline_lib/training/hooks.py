@@ -56,5 +56,13 @@ class TrainHooks:
     def on_phase(self, phase: Phase, step: int) -> None:
         pass
 
+    def on_execution(self, step: int, steps: int, examples: int, seconds: float, loss: float,
+                     learning_rate: float) -> None:
+        """After each execution: `steps` steps up to global `step`, `examples` over all replicas, the wall seconds
+        since the previous execution ended (input included), the last loss and the learning rate."""
+
+    def on_checkpoint(self, step: int, seconds: float) -> None:
+        """After a checkpoint of `step` is saved (its evaluation included), with the seconds it took."""
+
     def stop_requested(self) -> bool:
         return False

@@ -1,0 +1,156 @@
+"""Prometheus metrics of a run while it happens: an endpoint on every training task and one on the supervisor, and
+a `file_sd` targets file so a Prometheus server finds them. The endpoints end with their processes and the targets
+file is emptied at the end: nothing lingers (unlike a Pushgateway).
+
+Every series is labelled `run`, `task_type`, `task_index`. Tasks: `tfdag_steps_total`, `tfdag_examples_total`,
+`tfdag_step_seconds` (histogram), `tfdag_examples_per_second`, `tfdag_loss`, `tfdag_learning_rate`,
+`tfdag_heartbeat_age_seconds`, `tfdag_checkpoint_seconds` (histogram), `tfdag_last_checkpoint_timestamp_seconds`.
+Supervisor: `tfdag_restarts_total`, `tfdag_worker_step_lag` (each worker's steps behind the fastest).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from pipeline_lib.core import storage
+
+logger = logging.getLogger(__name__)
+
+TARGETS_NAME = "prometheus_targets.json"  # in the run directory, Prometheus file_sd format
+ENDPOINT_SUFFIX = ".metrics.json"  # beside a task's heartbeat: {"target": "host:port", "labels": {...}}
+LABELS = ("run", "task_type", "task_index")
+_STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_CHECKPOINT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def _serve(registry: Any, host: str, port: int) -> tuple[Any, int]:
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server, int(server.server_address[1])
+
+
+class TaskMetrics:
+    """The metrics endpoint of one training task; the worker's hooks feed it."""
+
+    def __init__(self, run: str, task_type: str, task_index: int, host: str, port: int = 0):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        self.labels = {"run": run, "task_type": task_type, "task_index": str(task_index)}
+
+        def make(kind, name, doc, **kwargs):
+            return kind(name, doc, list(LABELS), registry=self.registry, **kwargs).labels(**self.labels)
+
+        self.steps = make(Counter, "tfdag_steps", "Training steps this task has run (this process)")
+        self.examples = make(Counter, "tfdag_examples", "Examples of those steps, over all replicas")
+        self.step_seconds = make(Histogram, "tfdag_step_seconds", "Wall seconds per step (input included)",
+                                 buckets=_STEP_BUCKETS)
+        self.examples_per_second = make(Gauge, "tfdag_examples_per_second", "Examples per second, last execution")
+        self.loss = make(Gauge, "tfdag_loss", "Training loss of the last step")
+        self.learning_rate = make(Gauge, "tfdag_learning_rate", "The optimizer's learning rate")
+        self.checkpoint_seconds = make(Histogram, "tfdag_checkpoint_seconds",
+                                       "Seconds per checkpoint (save, evaluation, upload)", buckets=_CHECKPOINT_BUCKETS)
+        self.last_checkpoint = make(Gauge, "tfdag_last_checkpoint_timestamp_seconds",
+                                    "Unix time of the last checkpoint saved")
+        self._last_beat = time.time()
+        make(Gauge, "tfdag_heartbeat_age_seconds", "Seconds since this task last made progress").set_function(
+            lambda: time.time() - self._last_beat)
+        self.server, self.port = _serve(self.registry, host, port)
+        self.target = f"{host}:{self.port}"
+
+    def beat(self) -> None:
+        self._last_beat = time.time()
+
+    def on_execution(self, steps: int, examples: int, seconds: float, loss: float, learning_rate: float) -> None:
+        self.beat()
+        self.steps.inc(steps)
+        self.examples.inc(examples)
+        if steps and seconds > 0:
+            per_step = seconds / steps
+            for _ in range(steps):
+                self.step_seconds.observe(per_step)
+            self.examples_per_second.set(examples / seconds)
+        if math.isfinite(loss):
+            self.loss.set(loss)
+        if math.isfinite(learning_rate):
+            self.learning_rate.set(learning_rate)
+
+    def on_checkpoint(self, seconds: float) -> None:
+        self.beat()
+        self.checkpoint_seconds.observe(seconds)
+        self.last_checkpoint.set(time.time())
+
+    def write_endpoint(self, path: str) -> None:
+        """Tell the supervisor where this endpoint is (a small JSON file beside the heartbeat)."""
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as handle:
+            json.dump({"target": self.target, "labels": self.labels}, handle)
+        os.replace(tmp, path)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class SupervisorMetrics:
+    """The supervisor's endpoint: restarts and the straggler signal, and the run's targets file."""
+
+    def __init__(self, run: str, host: str, port: int, targets_uri: str,
+                 storage_options: Mapping[str, Any] | None = None):
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = CollectorRegistry()
+        self.run = run
+        labels = {"run": run, "task_type": "supervisor", "task_index": "0"}
+        self.restarts = Counter("tfdag_restarts", "Restarts of the training group", list(LABELS),
+                                registry=self.registry).labels(**labels)
+        self.lag = Gauge("tfdag_worker_step_lag", "Steps each worker is behind the fastest", list(LABELS),
+                         registry=self.registry)
+        self.server, self.port = _serve(self.registry, host, port)
+        self.target = {"targets": [f"{host}:{self.port}"], "labels": labels}
+        self.targets_uri = targets_uri
+        self.storage_options = dict(storage_options or {})
+        self._written: list[dict[str, Any]] | None = None
+
+    def set_lag(self, steps: Mapping[tuple[str, int], int]) -> None:
+        """`steps`: (task_type, task_index) → its latest step."""
+        if not steps:
+            return
+        fastest = max(steps.values())
+        for (task_type, task_index), step in steps.items():
+            self.lag.labels(run=self.run, task_type=task_type, task_index=str(task_index)).set(fastest - step)
+
+    def write_targets(self, endpoint_files: list[str]) -> None:
+        """The supervisor and every task endpoint found, in Prometheus file_sd format (rewritten when it changes)."""
+        groups = [self.target]
+        for path in sorted(endpoint_files):
+            try:
+                with open(path) as handle:
+                    found = json.load(handle)
+            except (OSError, ValueError):
+                continue
+            groups.append({"targets": [found["target"]], "labels": found["labels"]})
+        self._write(groups)
+
+    def _write(self, groups: list[dict[str, Any]]) -> None:
+        if groups == self._written:
+            return
+        fs, path = storage.get_fs(self.targets_uri, self.storage_options)
+        storage.write_bytes_atomic(fs, path, json.dumps(groups, indent=2).encode())
+        self._written = groups
+
+    def close(self) -> None:
+        """Empty the targets file (the run's endpoints are gone) and stop the endpoint."""
+        try:
+            self._write([])
+        except Exception as error:  # noqa: BLE001 - the targets file must not hide how training ended
+            logger.warning("prometheus targets %s not emptied: %s", self.targets_uri, error)
+        self.server.shutdown()
+        self.server.server_close()
