@@ -296,6 +296,17 @@ class TrackingConfig(_Frozen):
 class ObservabilityConfig(_Frozen):
     # A Prometheus endpoint on every training task and on the supervisor: 0 = a free port each, null = off.
     prometheus_port: int | None = Field(0, ge=0, le=65535)
+    # [start, stop): global steps traced by TensorFlow's profiler on the chief, into the run's TensorBoard directory.
+    profile_steps: tuple[int, int] | None = None
+    # The profiler server on each task for captures on demand from TensorBoard (null: none).
+    profiler_port: int | None = Field(None, ge=1, le=65535)
+
+    @field_validator("profile_steps")
+    @classmethod
+    def _window(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not 0 <= value[0] < value[1]:
+            raise ValueError(f"profile_steps {list(value)} must be [start, stop] with 0 ≤ start < stop, e.g. [10, 20]")
+        return value
 
 
 class PreflightConfig(_Frozen):

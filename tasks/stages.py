@@ -13,7 +13,9 @@ from prefect import get_run_logger, task
 from prefect.artifacts import (
     create_link_artifact,
     create_markdown_artifact,
+    create_progress_artifact,
     create_table_artifact,
+    update_progress_artifact,
 )
 
 from pipeline_lib.cluster import check as cluster_check
@@ -27,6 +29,7 @@ from pipeline_lib.evaluation import metrics as evaluation
 from pipeline_lib.evaluation.gate import apply_gate
 from pipeline_lib.evaluation.report import EvalReport, GateDecision
 from pipeline_lib.launch import local as launcher
+from pipeline_lib.launch.supervisor import TrainProgress
 from pipeline_lib.planning import sharding
 from pipeline_lib.tracking import lineage, model_logging, registry
 from pipeline_lib.tracking import run as tracking
@@ -100,10 +103,27 @@ def train(config: PipelineConfig, manifest: Manifest, plan: sharding.ShardPlan, 
         if mlflow_run_id:
             tracking.record_restart(mlflow_run_id, config.mlflow_uri, attempt, story)
 
+    progress_id = create_progress_artifact(0.0, key=_key(f"{config.name}-training-progress"),
+                                           description=f"training: step 0 of {plan.total_steps}")
+
+    def on_progress(progress: TrainProgress) -> None:
+        # The flow run's page shows how far training is while it runs (the chief's heartbeat).
+        done = 100.0 * progress.step / max(progress.total_steps, 1)
+        parts = [f"step {progress.step} of {progress.total_steps}"]
+        if progress.loss is not None:
+            parts.append(f"loss {progress.loss:.4f}")
+        if progress.examples_per_second is not None:
+            parts.append(f"{progress.examples_per_second:,.0f} examples/s")
+        update_progress_artifact(progress_id, min(done, 100.0), description="training: " + ", ".join(parts))
+
     try:
-        return launcher.launch_training(
-            config, manifest, plan, run_dir, mlflow_run_id=mlflow_run_id, log_fn=logger.info, on_restart=on_restart
+        result = launcher.launch_training(
+            config, manifest, plan, run_dir, mlflow_run_id=mlflow_run_id, log_fn=logger.info, on_restart=on_restart,
+            on_progress=on_progress,
         )
+        update_progress_artifact(progress_id, 100.0, description=f"training: done at step {result.final_step} of "
+                                 f"{result.total_steps}, loss {result.final_loss:.4f}")
+        return result
     finally:
         _preflight_artifact(config, run_dir)
 

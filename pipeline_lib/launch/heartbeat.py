@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from typing import Any
@@ -33,10 +34,14 @@ class Heartbeat:
         self.examples = 0
         self.phase = Phase.STARTING
         self.start_step: int | None = None
+        self.loss: float | None = None
         self._last_write = float("-inf")
 
-    def beat(self, step: int, examples: int, *, phase: Phase | None = None, force: bool = False) -> None:
+    def beat(self, step: int, examples: int, *, phase: Phase | None = None, force: bool = False,
+             loss: float | None = None) -> None:
         self.examples += examples
+        if loss is not None and math.isfinite(loss):
+            self.loss = float(loss)
         if phase is not None and phase != self.phase:
             self.phase, force = phase, True
         now = time.monotonic()
@@ -44,7 +49,8 @@ class Heartbeat:
             return
         self._last_write = now
         payload = json.dumps({"task": self.task, "pid": os.getpid(), "step": int(step), "phase": self.phase.value,
-                              "start_step": self.start_step, "time": time.time(), "examples": int(self.examples)})
+                              "start_step": self.start_step, "time": time.time(), "examples": int(self.examples),
+                              "loss": self.loss})
         tmp = f"{self.path}.{os.getpid()}.tmp"
         with open(tmp, "w") as handle:
             handle.write(payload)

@@ -46,7 +46,7 @@ from pipeline_lib.launch.errors import (
 from pipeline_lib.launch.exits import user_error_line
 from pipeline_lib.launch.processes import TaskSpec
 from pipeline_lib.launch.spec import USER_ERROR_EXIT_CODE, WorkerSpec
-from pipeline_lib.launch.supervisor import AttemptSupervisor
+from pipeline_lib.launch.supervisor import AttemptSupervisor, TrainProgress
 from pipeline_lib.planning.sharding import ShardPlan
 from pipeline_lib.training.results import RestartRecord, TrainResult
 
@@ -115,6 +115,7 @@ def launch(
     timeout_s: float | None = None,
     on_restart: Callable[[int, str], None] | None = None,
     env: Mapping[str, str] | None = None,
+    on_progress: Callable[[TrainProgress], None] | None = None,
 ) -> LaunchResult:
     """Run the training cluster `config.train` describes as local processes and supervise it to the end.
 
@@ -127,6 +128,7 @@ def launch(
         on_restart: called as `on_restart(n, story)` for restart n (1-based) once the restarted group has
             restored (or failed before it did); the story is the cause and the step it resumed from.
         env: extra environment variables for the workers (e.g. TFDAG_FAULT in tests).
+        on_progress: called with the chief's progress (step of total, loss, examples/s) every few seconds.
 
     Returns:
         The LaunchResult with the chief's TrainResult.
@@ -143,6 +145,7 @@ def launch(
     deadline = started + limit if limit else None
     restarts: list[RestartRecord] = []
     supervisor = AttemptSupervisor(spec, config, log_fn, env, deadline)
+    supervisor.on_progress = on_progress
     told: set[int] = set()
 
     def tell(resumed_step: int | None) -> None:
@@ -213,6 +216,7 @@ def launch_training(
     log_fn: Callable[[str], None] = print,
     on_restart: Callable[[int, str], None] | None = None,
     env: Mapping[str, str] | None = None,
+    on_progress: Callable[[TrainProgress], None] | None = None,
 ) -> TrainResult:
     """Train `config` on `manifest` under `plan`: start the local cluster, supervise it, return the chief's result.
 
@@ -228,6 +232,6 @@ def launch_training(
         heartbeat_dir=heartbeat_dir,
     )
     try:
-        return launch(spec, config, log_fn=log_fn, on_restart=on_restart, env=env).result
+        return launch(spec, config, log_fn=log_fn, on_restart=on_restart, env=env, on_progress=on_progress).result
     finally:
         shutil.rmtree(heartbeat_dir, ignore_errors=True)

@@ -57,6 +57,7 @@ logger = logging.getLogger(__name__)
 STARTUP_ALLOWANCE_S = 120.0
 SLOW_PHASE_FACTOR = 3.0
 POLL_S = 0.1
+PROGRESS_INTERVAL_S = 2.0
 LOGS_NAME = "logs"  # <run_dir>/logs/<task>.log: every line of every task, all attempts
 # After a preemption exit the others are finishing the same coordinated checkpoint: let them.
 PREEMPTION_GRACE_S = 60.0
@@ -64,6 +65,16 @@ PREEMPTION_GRACE_S = 60.0
 PERMANENT_GRACE_S = 1.0
 # After the chief succeeds, the other synchronous workers are only shutting down.
 SHUTDOWN_GRACE_S = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainProgress:
+    """How far training is, from the chief's heartbeat: for a progress display."""
+
+    step: int
+    total_steps: int
+    loss: float | None
+    examples_per_second: float | None
 
 
 @dataclasses.dataclass
@@ -152,6 +163,9 @@ class AttemptSupervisor:
         self.log_fn = log_fn
         self.extra_env = dict(env or {})
         self.deadline = deadline
+        # Called with the chief's progress at most every PROGRESS_INTERVAL_S (from the supervising thread).
+        self.on_progress: Callable[[TrainProgress], None] | None = None
+        self._progress_seen: tuple[float, int, int] | None = None  # (time, step, examples) of the last report
         self.log_lock = threading.Lock()
         self.processes: list[TaskProcess] = []
         self._watches: dict[str, HeartbeatWatch] = {}
@@ -245,12 +259,31 @@ class AttemptSupervisor:
                 continue
             if self.metrics is not None:
                 self._publish_metrics(watches)
+            if self.on_progress is not None:
+                self._report_progress(chief_watch)
             # The group, not one task, must have been silent past the bound: a worker that stepped into a collective
             # while its peer was still saving has been "silent" since before that save, but the peer's progress
             # shows the group is alive (a synchronous step cannot complete while any task of it hangs).
             if running and min(w.silent_for(now) for w in running) > group_bound_s(running, hang_timeout):
                 return self._hang(watches, codes, now)
             time.sleep(POLL_S)
+
+    def _report_progress(self, chief_watch: HeartbeatWatch) -> None:
+        now = time.monotonic()
+        if self._progress_seen is not None and now - self._progress_seen[0] < PROGRESS_INTERVAL_S:
+            return
+        beat = read_heartbeat(chief_watch.path) or {}
+        step, examples = int(beat.get("step", 0) or 0), int(beat.get("examples", 0) or 0)
+        rate = None
+        if self._progress_seen is not None and examples >= self._progress_seen[2]:
+            rate = (examples - self._progress_seen[2]) / (now - self._progress_seen[0])
+        self._progress_seen = (now, step, examples)
+        try:
+            assert self.on_progress is not None
+            self.on_progress(TrainProgress(step=step, total_steps=self.spec.plan.total_steps, loss=beat.get("loss"),
+                                           examples_per_second=rate))
+        except Exception:  # a progress display must not stop training
+            logger.debug("progress callback failed", exc_info=True)
 
     def _publish_metrics(self, watches: dict[str, HeartbeatWatch]) -> None:
         """The straggler signal from the heartbeats, and the targets file with every task endpoint found."""

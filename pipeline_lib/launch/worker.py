@@ -57,6 +57,7 @@ from pipeline_lib.training import loop as training
 from pipeline_lib.training import strategy as strategies
 from pipeline_lib.training.errors import TrainingInterrupted
 from pipeline_lib.training.hooks import Phase, TrainHooks
+from pipeline_lib.training.profiling import start_profiler_server
 from pipeline_lib.training.results import TrainResult
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ class WorkerHooks(TrainHooks):
 
     def on_step_end(self, step: int, examples: int, loss: float) -> None:
         if self.heartbeat is not None:
-            self.heartbeat.beat(step, examples, force=step == 1)
+            self.heartbeat.beat(step, examples, force=step == 1, loss=loss)
         if self.faults is not None:
             self.faults.on_step_end(step)
 
@@ -208,6 +209,11 @@ def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None) -> int:
         training.run_server(cluster)
         return 0
     metrics = _start_metrics(spec, config, cluster)
+    if config.observability.profiler_port is not None:
+        # One port per task, in cluster order (chief, workers, parameter servers) from profiler_port up.
+        order = [(t, i) for t in ("chief", "worker", "ps") for i in range(len(cluster.cluster.get(t, ())))]
+        offset = order.index((cluster.task_type, cluster.task_index)) if order else 0
+        start_profiler_server(config.observability.profiler_port + offset)
     hooks = WorkerHooks(heartbeat, _create_fault_hooks(spec, config, cluster), metrics)
     choice = strategies.create_strategy(config.train, cluster)
     # After the strategy: MultiWorkerMirrored's coordination service installs a C++ SIGTERM notifier

@@ -12,6 +12,7 @@ from pipeline_lib.checkpoints.records import TRAIN_LOSS_METRIC, CheckpointRecord
 from pipeline_lib.config import TrainConfig
 from pipeline_lib.training.errors import TrainingInterrupted
 from pipeline_lib.training.hooks import Phase, TrainHooks
+from pipeline_lib.training.profiling import ProfileWindow
 from pipeline_lib.training.progress import ProgressLogger, current_learning_rate
 from pipeline_lib.training.setup import TrainingState
 
@@ -32,7 +33,8 @@ class LoopController:
 
     def __init__(self, train_config: TrainConfig, total_steps: int, global_batch: int, state: TrainingState,
                  hooks: TrainHooks, progress: ProgressLogger, evaluate: Callable[[], dict[str, float]] | None,
-                 before_save: Callable[[], None] | None = None, restored_loss: float = float("nan")):
+                 before_save: Callable[[], None] | None = None, restored_loss: float = float("nan"),
+                 profile: ProfileWindow | None = None):
         self.config, self.total_steps, self.global_batch = train_config, total_steps, global_batch
         self.state, self.hooks, self.progress = state, hooks, progress
         self.evaluate, self.before_save = evaluate, before_save
@@ -41,12 +43,16 @@ class LoopController:
         self._last_saved = state.start_step if state.start_step else -1
         self._phase = Phase.STARTING
         self._execution_started = time.monotonic()
+        self.profile = profile
+        if profile is not None:
+            profile.at(self.step)
 
     def steps_to_next(self, limit: int) -> int:
         """Steps to run next: at most `limit`, and none past the next log or checkpoint step or the end."""
         log_every, save_every = self.config.log_every_steps, self.config.checkpoint_every_steps
+        boundary = self.profile.next_boundary(self.step) if self.profile is not None else None
         return min(limit, self.total_steps - self.step, log_every - self.step % log_every,
-                   save_every - self.step % save_every)
+                   save_every - self.step % save_every, (boundary - self.step) if boundary else limit)
 
     def after_execution(self, losses: Sequence[float], stop_requested: Callable[[], bool]) -> None:
         """Account for `losses`, one per step just run; raises TrainingInterrupted on a stop request."""
@@ -61,6 +67,8 @@ class LoopController:
         if not math.isfinite(self.last_loss):
             logger.warning("loss is %s at step %d", self.last_loss, self.step)
         step = self.step
+        if self.profile is not None:
+            self.profile.at(step)
         if step % self.config.log_every_steps == 0 or step == self.total_steps:
             self.progress.log(step, self.last_loss, current_learning_rate(self.state.optimizer))
             self._upload_tensorboard(flush=True)
@@ -87,7 +95,10 @@ class LoopController:
             self.hooks.on_phase(phase, self.step)
 
     def close(self) -> None:
-        """Close the progress writers and upload the last TensorBoard files (a remote run's chief)."""
+        """Stop a trace still running, close the progress writers and upload the last TensorBoard files (a remote
+        run's chief)."""
+        if self.profile is not None:
+            self.profile.close()
         self.progress.close()
         self._upload_tensorboard(flush=False)
 

@@ -25,6 +25,7 @@ from pipeline_lib.training.controller import LoopController
 from pipeline_lib.training.errors import TrainingError
 from pipeline_lib.training.evaluator import Evaluator
 from pipeline_lib.training.hooks import MetricsSink, NullSink, TrainHooks
+from pipeline_lib.training.profiling import ProfileWindow
 from pipeline_lib.training.progress import ProgressLogger
 from pipeline_lib.training.results import TrainResult
 from pipeline_lib.training.setup import (
@@ -105,9 +106,12 @@ def train(
     progress = ProgressLogger(cluster.is_chief, state.run_storage.local_tensorboard_dir, sink, global_batch,
                               state.start_step)
     restored = state.restored.metrics if state.restored is not None else {}
+    window = config.observability.profile_steps
+    profile = (ProfileWindow(window[0], window[1], state.run_storage.local_tensorboard_dir)
+               if window is not None and cluster.is_chief else None)
     controller = LoopController(train_config, plan.total_steps, global_batch, state, hooks, progress, evaluate,
                                 before_save=coordinator.join if coordinator is not None else None,
-                                restored_loss=restored.get(TRAIN_LOSS_METRIC, math.nan))
+                                restored_loss=restored.get(TRAIN_LOSS_METRIC, math.nan), profile=profile)
     try:
         if coordinator is None:
             dataset_fn = epochs.create_synchronous_dataset_fn(manifest, plan, train_config, choice.num_replicas,

@@ -130,6 +130,16 @@ def test_training_pipeline_end_to_end(tmp_path, prefect_api):
     plot_names = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation/plots")}
     assert "evaluation/plots/confusion_matrix.png" in plot_names
 
+    # The train task's progress artifact in Prefect ends at 100 % with the final step.
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as prefect:
+        [progress] = prefect.read_latest_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["digits-flow-test-training-progress"])))
+    assert progress.type == "progress" and float(progress.data) == 100.0
+    assert f"done at step {summary.final_step} of {summary.final_step}" in progress.description
+
 
 @pytest.mark.slow
 def test_cli_run_json_prints_summary_on_last_line(tmp_path, prefect_api):

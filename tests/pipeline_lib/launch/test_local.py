@@ -84,9 +84,13 @@ def test_two_workers_succeed_with_prefixed_logs_and_the_chiefs_result(tmp_path, 
     spec = make_spec(config, dataset, plan_for(dataset, config, steps=20), run_dir)
     spec = spec.model_copy(update={"mlflow_run_id": run_id})
     logs = LogCapture()
-    outcome = launch(spec, config, log_fn=logs)
+    progress = []
+    outcome = launch(spec, config, log_fn=logs, on_progress=progress.append)
     result = outcome.result
     assert result.final_step == 20 and result.total_steps == 20 and result.num_workers == 2
+    # The chief's progress, from its heartbeat: never past the end, never backwards.
+    assert progress and all(p.total_steps == 20 and 0 <= p.step <= 20 for p in progress)
+    assert [p.step for p in progress] == sorted(p.step for p in progress)
     assert result.strategy == "multi_worker_mirrored" and result.is_chief and result.num_restarts == 0
     assert outcome.restarts == () and outcome.num_attempts == 1
     assert [c.step for c in result.checkpoints] == [10, 20]
