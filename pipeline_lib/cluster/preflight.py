@@ -33,7 +33,7 @@ from pipeline_lib.cluster.fingerprint import Fingerprint, collect_fingerprint
 from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.cluster.preflight_report import PreflightError, PreflightReport
 from pipeline_lib.cluster.reachability import Listener, check_peers
-from pipeline_lib.cluster.tf_config import split_address
+from pipeline_lib.cluster.address import split_address
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,8 @@
-"""The supervisor of one launch: runs each attempt's processes, classifies their exits, and a hang watchdog.
+"""The supervisor of one launch: runs each attempt's tasks, classifies their exits, and a hang watchdog.
 
-Each training process writes a heartbeat (`<heartbeat_dir>/<task>.json`) with its step and its phase
+It sees tasks through the `launch.group` protocol, so the local launcher and the Ray launcher share it whole.
+Each training process writes a heartbeat (its launcher reads it: a local file, or through its Ray actor) with its
+step and its phase
 (`training.hooks.Phase`). A task whose heartbeat has not changed (a new step or a new phase) for its phase's
 bound (`phase_bound_s`) gets the whole group fenced (every process killed: an all-reduce cannot go on without a
 peer) and the attempt ends retryable. The bounds, from `train.hang_timeout_s` (H):
@@ -23,24 +25,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import shutil
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from typing import Any
 
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
 from pipeline_lib.launch.errors import LaunchError, LaunchTimeout
-from pipeline_lib.launch.exits import classify_exit, describe_exit, peer_failure_line
-from pipeline_lib.launch.heartbeat import heartbeat_name, read_heartbeat
-from pipeline_lib.launch.processes import (
-    TaskProcess,
-    TaskSpec,
-    is_stopped,
-    start_worker,
-)
+from pipeline_lib.cluster.address import validate_cluster_addresses
+from pipeline_lib.launch.exits import classify_exit, peer_failure_line
+from pipeline_lib.launch.group import TaskGroup, TaskHandle
+from pipeline_lib.launch.heartbeat import read_heartbeat
+from pipeline_lib.launch.processes import TaskSpec
 from pipeline_lib.launch.spec import PREEMPTION_EXIT_CODE, RESULT_NAME, WorkerSpec
 from pipeline_lib.training.hooks import Phase
 from pipeline_lib.training.results import TrainResult
@@ -99,10 +96,11 @@ class HeartbeatWatch:
     """The watchdog's view of one training task's heartbeat: its step, phase, and when either last changed.
 
     Before the first heartbeat the task counts as starting. A heartbeat without a phase counts as stepping.
+    `source` is the heartbeat file's path or a function that returns the latest heartbeat (a task handle's).
     """
 
-    def __init__(self, path: str, started: float):
-        self.path = path
+    def __init__(self, source: str | Callable[[], dict[str, Any] | None], started: float):
+        self._read = source if callable(source) else (lambda: read_heartbeat(source))
         self.last_step = -1
         self.phase = Phase.STARTING
         self.start_step: int | None = None
@@ -111,7 +109,7 @@ class HeartbeatWatch:
         self._key: tuple | None = None
 
     def update(self, now: float) -> None:
-        beat = read_heartbeat(self.path)
+        beat = self._read()
         if beat is None:
             return
         try:
@@ -135,36 +133,33 @@ class HeartbeatWatch:
 
 
 class AttemptSupervisor:
-    """Runs attempts of one launch's process group until each ends (ok, retryable, permanent) and fences them."""
+    """Runs attempts of one launch's task group until each ends (ok, retryable, permanent) and fences them."""
 
-    def __init__(self, spec: WorkerSpec, config: PipelineConfig, log_fn: Callable[[str], None],
-                 env: Mapping[str, str] | None, deadline: float | None):
+    def __init__(self, spec: WorkerSpec, config: PipelineConfig, group: TaskGroup, log_fn: Callable[[str], None],
+                 deadline: float | None):
         self.spec = spec
         self.config = config
+        self.group = group
         self.log_fn = log_fn
-        self.extra_env = dict(env or {})
         self.deadline = deadline
         self.log_lock = threading.Lock()
-        self.processes: list[TaskProcess] = []
+        self.processes: list[TaskHandle] = []
         self._watches: dict[str, HeartbeatWatch] = {}
-        self.work_dir = tempfile.mkdtemp(prefix="tfdag-launch-")
-        self.spec_path = os.path.join(self.work_dir, "worker_spec.json")
-        with open(self.spec_path, "w") as handle:
-            handle.write(spec.model_dump_json())
 
     def fence(self) -> None:
-        """Kill every process of the group and wait for them (a no-op for those already gone)."""
-        for process in self.processes:
-            process.kill()
-        for process in self.processes:
-            process.reap()
-        self.processes = []
+        """Kill every task of the group, wait for them, and release the attempt's placement (idempotent)."""
+        try:
+            for process in self.processes:
+                process.kill()
+            for process in self.processes:
+                process.reap()
+            self.processes = []
+        finally:
+            self.group.end_attempt()
 
     def _reset_run_files(self) -> None:
         # Per attempt: an old result.json would pass for this attempt's, and the previous attempt's preflight
         # fingerprints would look like a second task claiming the same slot.
-        shutil.rmtree(self.spec.heartbeat_dir, ignore_errors=True)
-        os.makedirs(self.spec.heartbeat_dir, exist_ok=True)
         options = self.config.storage_options
         for name in (RESULT_NAME, "preflight"):
             fs, path = storage.get_fs(storage.join(self.spec.run_dir, name), options)
@@ -180,13 +175,13 @@ class AttemptSupervisor:
         Raises:
             LaunchTimeout: the launch's deadline passed during the attempt.
         """
+        # Launcher-made addresses pass the same rule as a user's TF_CONFIG (cluster/address.py), before any start.
+        validate_cluster_addresses(dict(tasks[0].cluster.cluster), "the cluster spec the launcher generated")
         self._reset_run_files()
         for task in tasks:  # one by one: if a start fails, `fence` still ends those already started
-            self.processes.append(start_worker(task, self.spec_path, self.extra_env, self.log_fn, self.log_lock))
+            self.processes.append(self.group.start(task, self.log_fn, self.log_lock))
         started = time.monotonic()
-        watches = {p.task.name: HeartbeatWatch(os.path.join(self.spec.heartbeat_dir, heartbeat_name(p.task.cluster)),
-                                               started)
-                   for p in self.processes if p.task.is_trainer}
+        watches = {p.task.name: HeartbeatWatch(p.read_heartbeat, started) for p in self.processes if p.task.is_trainer}
         self._watches = watches
         hang_timeout = self.config.train.hang_timeout_s
         chief = next(p for p in self.processes if p.task.cluster.is_chief)
@@ -230,8 +225,8 @@ class AttemptSupervisor:
         running = {n: w for n, w in watches.items() if codes[n] is None}
         # One silent peer stalls the whole all-reduce, so every task goes quiet at about the same time (and
         # heartbeats are throttled): a stopped process is the culprit when there is one, else the most overdue.
-        pids = {p.task.name: p.popen.pid for p in self.processes}
-        stopped = [n for n in running if is_stopped(pids[n])]
+        by_name = {p.task.name: p for p in self.processes}
+        stopped = [n for n in running if by_name[n].is_stopped()]
         hang_timeout = self.config.train.hang_timeout_s
         name = stopped[0] if stopped else max(running, key=lambda n: running[n].overdue_s(now, hang_timeout))
         watch = running[name]
@@ -263,7 +258,8 @@ class AttemptSupervisor:
             own = [(n, c) for n, c in failures if peer_failure_line(by_name[n].traceback_tail()) is None]
             if own:
                 name, code = own[0]
-                return AttemptOutcome("permanent", cause=f"{name} {describe_exit(code)}", task=name, exit_code=code,
+                return AttemptOutcome("permanent", cause=f"{name} {by_name[name].describe_exit(code)}", task=name,
+                                      exit_code=code,
                                       tail=by_name[name].traceback_tail())
             # Every failure is TensorFlow reporting a lost or silent peer: retryable, and the cause is that peer.
             name, code = failures[0]
@@ -272,7 +268,9 @@ class AttemptSupervisor:
         name, code = next((n, c) for n, c in failures if kinds[n] == "retryable")
         if code == PREEMPTION_EXIT_CODE:
             self._wait_for_peers(PREEMPTION_GRACE_S)
-        return AttemptOutcome("retryable", cause=f"{name} {describe_exit(code)}", task=name, exit_code=code)
+        by_name = {p.task.name: p for p in self.processes}
+        return AttemptOutcome("retryable", cause=f"{name} {by_name[name].describe_exit(code)}", task=name,
+                              exit_code=code)
 
     def _lost_peer_cause(self, failed: str, tail: str) -> str:
         line = peer_failure_line(tail) or "a peer failed"
@@ -280,7 +278,7 @@ class AttemptSupervisor:
         for process in self.processes:
             if process.task.name == failed or process.poll() is not None:
                 continue
-            if is_stopped(process.popen.pid):
+            if process.is_stopped():
                 watch = self._watches.get(process.task.name)
                 where = (f" after step {watch.last_step}" if watch is not None and watch.phase != Phase.STARTING
                          else "")
@@ -309,5 +307,7 @@ class AttemptSupervisor:
             return TrainResult.model_validate_json(handle.read())
 
     def close(self) -> None:
-        self.fence()
-        shutil.rmtree(self.work_dir, ignore_errors=True)
+        try:
+            self.fence()
+        finally:
+            self.group.close()
