@@ -132,7 +132,7 @@ def cmd_validate_cluster(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from pipeline_lib.core import runs
     from pipeline_lib.data.convert import convert
-    from pipeline_lib.launch import local as launcher
+    from pipeline_lib.launch import launchers as launcher
     from pipeline_lib.planning import sharding
     from pipeline_lib.training import strategy
 
