@@ -25,11 +25,13 @@ from __future__ import annotations
 import collections
 import logging
 import signal
+import socket
 import threading
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pipeline_lib.cluster.address import address_problem, split_address
 from pipeline_lib.config import PipelineConfig, RayPlacement
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.launch.errors import LaunchError, RayClusterError
@@ -44,6 +46,7 @@ from pipeline_lib.training.results import TrainResult
 logger = logging.getLogger(__name__)
 
 STATUS_TIMEOUT_S = 10.0
+PROBE_TIMEOUT_S = 5.0
 KILL_TIMEOUT_S = 10.0
 # Ray's names for resources an actor requests with its own arguments; the rest are custom resources.
 _BUILTIN = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
@@ -66,6 +69,7 @@ def connect(config: PipelineConfig, environ: Mapping[str, str] | None = None) ->
     address = config.train.ray.resolved_address(dict(environ) if environ is not None else None)
     if ray.is_initialized():
         return False
+    _probe(address)
     try:
         ray.init(address=address, _node_ip_address=config.train.ray.node_ip_address, log_to_driver=False,
                  logging_level=logging.WARNING, configure_logging=False)
@@ -74,6 +78,20 @@ def connect(config: PipelineConfig, environ: Mapping[str, str] | None = None) ->
             f"train.ray.address (or RAY_ADDRESS) {address!r}: no Ray cluster answers there ({problem}); start one "
             "(`ray start --head`, `tfdag stack up --ray N`) or set the head's address, e.g. '10.0.0.5:6379'") from None
     return True
+
+
+def _probe(address: str) -> None:
+    """Fail fast on a GCS `host:port` that accepts no connection: `ray.init` would retry it for minutes."""
+    if "://" in address or address == "auto" or address_problem(address) is not None:
+        return  # ray:// (Ray Client), auto, or a form Ray itself will judge
+    host, port = split_address(address)
+    try:
+        socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as problem:
+        raise RayClusterError(
+            f"train.ray.address (or RAY_ADDRESS) {address!r}: no Ray cluster answers there ({problem}); start one "
+            "(`ray start --head`, `tfdag stack up --ray N`) or set the head's GCS address, e.g. '10.0.0.5:6379'"
+        ) from None
 
 
 def _alive_nodes() -> list[dict[str, Any]]:
