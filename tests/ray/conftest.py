@@ -29,6 +29,7 @@ from tests.s3.conftest import s3, s3_server  # noqa: F401 - the S3 fixtures, sha
 
 RAY_IP = "127.0.0.2"
 LABELS = ("node_head", "node_1", "node_2")
+WORKER_NODE = "tfdag_worker_node"  # every node but the head: a test that kills a node never kills the head
 
 
 def _require_ray() -> None:
@@ -49,6 +50,8 @@ class RayCluster:
     dashboard_url: str
     temp_dir: str
     node_of_label: dict[str, str]  # label -> node id
+    env: dict[str, str]
+    common_args: list[str]
 
     def label_of_node(self, node_id: str) -> str:
         return next(label for label, node in self.node_of_label.items() if node == node_id)
@@ -64,6 +67,21 @@ class RayCluster:
 
         return [p for p in list_placement_groups(address=self.dashboard_url, limit=1000)
                 if p.name.startswith(name_prefix) and p.state != "REMOVED"]
+
+    def add_node(self, label: str) -> str:
+        """Start one more worker node with `label` (and WORKER_NODE); returns its node id once it is alive."""
+        import ray
+
+        _ray_start(["--address", self.address, "--dashboard-agent-listen-port", str(free_ports(1, RAY_IP)[0]),
+                    "--resources", f'{{"{label}": 1, "{WORKER_NODE}": 1}}', *self.common_args], self.env)
+        deadline = time.monotonic() + 60
+        while True:
+            found = [n["NodeID"] for n in ray.nodes() if n["Alive"] and label in n["Resources"]]
+            if found:
+                self.node_of_label[label] = found[0]
+                return found[0]
+            assert time.monotonic() < deadline, f"node {label} did not join"
+            time.sleep(0.5)
 
     def raylet_pid(self, node_id: str) -> int:
         for proc in psutil.process_iter(["pid", "cmdline"]):
@@ -124,7 +142,7 @@ def ray_cluster(s3_server) -> Iterator[RayCluster]:  # noqa: F811 - the imported
                    env)
         for index, label in enumerate(LABELS[1:], start=1):
             _ray_start(["--address", address, "--dashboard-agent-listen-port", str(agent_ports[index]),
-                        "--resources", f'{{"{label}": 1}}', *common], env)
+                        "--resources", f'{{"{label}": 1, "{WORKER_NODE}": 1}}', *common], env)
         ray.init(address=address, _node_ip_address=RAY_IP, log_to_driver=False, configure_logging=False)
         deadline = time.monotonic() + 60
         while len([n for n in ray.nodes() if n["Alive"]]) < len(LABELS):
@@ -136,7 +154,7 @@ def ray_cluster(s3_server) -> Iterator[RayCluster]:  # noqa: F811 - the imported
         labels = {label: n["NodeID"] for n in nodes for label in LABELS if label in n["Resources"]}
         assert sorted(labels) == sorted(LABELS)
         yield RayCluster(address=address, dashboard_url=f"http://{RAY_IP}:{dashboard_port}", temp_dir=temp_dir,
-                         node_of_label=labels)
+                         node_of_label=labels, env=env, common_args=common)
     finally:
         if ray.is_initialized():
             ray.shutdown()

@@ -4,6 +4,13 @@ data and run dir on moto's S3, clear errors before any actor, and nothing of a r
 from __future__ import annotations
 
 import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
 
 import pytest
 
@@ -13,13 +20,14 @@ from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.launch.errors import RayClusterError, WorkerFailed
 from pipeline_lib.launch.ray_launcher import connect, launch_on_ray
 from tests.pipeline_lib.launch_support import (
+    REPO_ROOT,
     LogCapture,
     make_config,
     make_spec,
     plan_for,
     write_digits_dataset,
 )
-from tests.ray.conftest import RAY_IP
+from tests.ray.conftest import RAY_IP, WORKER_NODE
 from tests.s3.conftest import BUCKET
 
 DIGITS_MODEL = {"factory": "mlp", "params": {"hidden_units": [64]}}
@@ -151,3 +159,99 @@ def test_a_stopped_worker_process_is_fenced_and_restarted(ray_cluster, s3, tmp_p
     assert outcome.restarts[0].resumed_step == 10
     assert "[supervisor] restart 1/3" in logs.text
     _nothing_left(ray_cluster)
+
+
+@pytest.mark.slow
+def test_cancelling_the_driver_mid_training_leaves_no_actor_and_no_placement_group(ray_cluster, s3, tmp_path):
+    dataset = _digits_on_s3(s3, tmp_path, "cancel")
+    root = f"s3://{BUCKET}/cancel/out"
+    config = _ray_config(ray_cluster, root, checkpoint_every_steps=50, log_every_steps=5)
+    spec = make_spec(config, dataset, plan_for(dataset, config, steps=2000), f"{root}/run")
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(spec.model_dump_json())
+    # A separate driver process, as a Prefect flow run is: SIGTERM is what Prefect's cancellation sends it.
+    script = textwrap.dedent(f"""
+        from pipeline_lib.launch.ray_launcher import launch_on_ray
+        from pipeline_lib.launch.spec import load_spec
+        spec = load_spec({str(spec_path)!r})
+        try:
+            launch_on_ray(spec, spec.pipeline_config(), log_fn=lambda line: print(line, flush=True))
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    """)
+    driver = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "PYTHONPATH": REPO_ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    lines = []
+    deadline = time.monotonic() + 240
+    for line in driver.stdout:
+        lines.append(line)
+        if "train | step:" in line and "step:     5 " not in line:
+            break
+        assert time.monotonic() < deadline, "".join(lines[-30:])
+    assert len(ray_cluster.alive_actors()) == 2 and len(ray_cluster.live_placement_groups()) == 1
+    driver.send_signal(signal.SIGTERM)
+    rest, _ = driver.communicate(timeout=60)
+    assert "interrupted" in rest, "".join(lines[-20:]) + rest[-3000:]
+    _nothing_left(ray_cluster)
+
+
+@pytest.mark.slow
+def test_parameter_servers_on_ray_two_workers_one_ps_learn_digits(ray_cluster, s3, tmp_path):
+    dataset = _digits_on_s3(s3, tmp_path, "ps")
+    root = f"s3://{BUCKET}/ps/out"
+    config = _ray_config(ray_cluster, root, strategy="parameter_server", workers=2, parameter_servers=1,
+                         per_replica_batch_size=32, base_learning_rate=0.005, lr_scaling="none", shuffle=True,
+                         checkpoint_every_steps=150, log_every_steps=50, hang_timeout_s=120.0,
+                         ray={"placement": "pack", "resources_per_worker": {"CPU": 0.5}})
+    spec = make_spec(config, dataset, plan_for(dataset, config, steps=450), f"{root}/run")
+    logs = LogCapture()
+    result = launch_on_ray(spec, config, log_fn=logs).result
+    assert result.strategy == "parameter_server" and result.final_step == 450
+    assert any(line.startswith(f"[ps 0 @ {RAY_IP}] ") for _, line in logs.lines)
+    assert any(line.startswith(f"[chief 0 @ {RAY_IP}] ") for _, line in logs.lines)
+    assert result.checkpoints[-1].metrics["eval_accuracy"] >= 0.9
+    _nothing_left(ray_cluster)
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_raylet_hosting_worker_1_restarts_on_the_spare_node_to_the_exact_step(ray_cluster, s3,
+                                                                                             tmp_path):
+    # Last in this module: it kills one of the session cluster's nodes for good.
+    spare = ray_cluster.add_node("node_3")
+    dataset = _digits_on_s3(s3, tmp_path, "raylet")
+    root = f"s3://{BUCKET}/raylet/out"
+    config = _ray_config(ray_cluster, root, checkpoint_every_steps=10, log_every_steps=5, max_restarts=3,
+                         ray={"resources_per_worker": {"CPU": 1, WORKER_NODE: 1}, "placement_timeout_s": 90})
+    spec = make_spec(config, dataset, plan_for(dataset, config, steps=200), f"{root}/run")
+    logs = LogCapture()
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["result"] = launch_on_ray(spec, config, log_fn=logs)
+        except BaseException as error:  # noqa: BLE001 - re-raised in the test thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 240
+    while not re.search(r"\[worker 0 @ [0-9.]+\] .*train \| step:\s+(2\d|[3-9]\d)", logs.text):
+        assert time.monotonic() < deadline and thread.is_alive(), logs.text[-3000:]
+        time.sleep(0.5)
+    (worker_1,) = [a for a in ray_cluster.alive_actors() if a.name.endswith("-worker 1")]
+    lost = worker_1.node_id
+    assert ray_cluster.label_of_node(lost) != "node_head"
+    os.kill(ray_cluster.raylet_pid(lost), signal.SIGKILL)
+    thread.join(timeout=400)
+    assert not thread.is_alive(), logs.text[-3000:]
+    if "error" in outcome:
+        raise outcome["error"]
+    launched = outcome["result"]
+    assert launched.result.final_step == 200
+    assert len(launched.restarts) >= 1 and launched.restarts[0].resumed_step is not None
+    assert "[supervisor] restart 1/3" in logs.text
+    nodes_after = {a.node_id for a in ray_cluster.alive_actors()}
+    assert nodes_after == set()  # nothing left
+    _nothing_left(ray_cluster)
+    assert spare in ray_cluster.node_of_label.values()
