@@ -215,6 +215,39 @@ def test_parameter_servers_on_ray_two_workers_one_ps_learn_digits(ray_cluster, s
 
 
 @pytest.mark.slow
+def test_fifty_deterministic_steps_on_ray_end_with_the_local_launchers_weights(ray_cluster, s3, tmp_path):
+    from pipeline_lib.launch.local import launch
+    from tests.pipeline_lib.launch_support import max_abs_diff, model_weights, write_dataset_on_disk
+    from tests.pipeline_lib.training.test_equivalence import EQUIVALENCE, MODEL, STEPS, TOLERANCE
+
+    local_data = write_dataset_on_disk(str(tmp_path / "data"), num_train=640, num_eval=64)
+    settings = {"strategy": "multi_worker_mirrored", "workers": 2, "per_replica_batch_size": 32, **EQUIVALENCE}
+    local_config = make_config(str(tmp_path / "local"), model=MODEL, **settings)
+    plan = plan_for(local_data, local_config, steps=STEPS)
+    local = launch(make_spec(local_config, local_data, plan, str(tmp_path / "local" / "run")), local_config,
+                   log_fn=LogCapture()).result
+    # The same data, read by the Ray workers from S3 only.
+    uri = f"s3://{BUCKET}/equivalence/data"
+    for shard in local_data.shards:
+        s3.fs.put_file(os.path.join(local_data.dataset_uri, shard.path), f"{uri.removeprefix('s3://')}/{shard.path}")
+    remote_data = local_data.model_copy(update={"dataset_uri": uri})
+    s3.fs.pipe_file(f"{uri.removeprefix('s3://')}/manifest.json", remote_data.to_json().encode())
+    root = f"s3://{BUCKET}/equivalence/out"
+    ray_config = make_config(root, model=MODEL, launcher="ray",
+                             ray={"address": ray_cluster.address, "node_ip_address": RAY_IP}, **settings)
+    on_ray = launch_on_ray(make_spec(ray_config, remote_data, plan, f"{root}/run"), ray_config,
+                           log_fn=LogCapture()).result
+    assert local.final_step == on_ray.final_step == STEPS and on_ray.checkpoints[-1].step == STEPS
+    prefix = on_ray.checkpoints[-1].path
+    target = tmp_path / "from_s3"
+    target.mkdir()
+    for key in s3.fs.glob(f"{prefix.removeprefix('s3://')}*"):
+        s3.fs.get_file(key, str(target / os.path.basename(key)))
+    ray_weights = model_weights(str(target / os.path.basename(prefix)))
+    assert max_abs_diff(model_weights(local.checkpoints[-1].path), ray_weights) <= TOLERANCE
+
+
+@pytest.mark.slow
 def test_sigkill_of_the_raylet_hosting_worker_1_restarts_on_the_spare_node_to_the_exact_step(ray_cluster, s3,
                                                                                              tmp_path):
     # Last in this module: it kills one of the session cluster's nodes for good.
