@@ -33,6 +33,7 @@ from typing import Any
 
 from pipeline_lib.cluster.address import address_problem, split_address
 from pipeline_lib.config import PipelineConfig, RayPlacement
+from pipeline_lib.core import storage
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.launch.errors import LaunchError, RayClusterError
 from pipeline_lib.launch.exits import describe_exit
@@ -308,10 +309,25 @@ def launch_training(
     """Train on the Ray cluster at train.ray.address (or RAY_ADDRESS): the train stage's entry point for Ray.
 
     This process connects as a Ray driver (it need not run inside the cluster) and supervises the tasks' actors
-    to the end; `run_dir` and the dataset must be on storage every node reaches (an object store).
+    to the end. `run_dir` and the dataset should be on an object store every node reaches: a local path is made
+    absolute (an actor's working directory is not ours) and only works when every node shares it, as the nodes
+    of `tfdag stack up --ray N` on this machine do.
     """
+    if storage.is_local(run_dir) or storage.is_local(manifest.dataset_uri):
+        logger.warning("train.launcher ray with a local run dir or dataset (%s, %s): every Ray node must see the "
+                       "same path; use an object store (s3://, gs://) on a real cluster", run_dir,
+                       manifest.dataset_uri)
+    dataset_uri = storage.local_path(manifest.dataset_uri) if storage.is_local(manifest.dataset_uri) else \
+        manifest.dataset_uri
+    run_dir = storage.local_path(run_dir) if storage.is_local(run_dir) else run_dir
+    # Resolved here, where the flow runs: a node has neither our working directory nor our MLFLOW_TRACKING_URI.
+    output_root = storage.local_path(config.output_root) if storage.is_local(config.output_root) else \
+        config.output_root
+    config = config.model_copy(update={
+        "output_root": output_root,
+        "tracking": config.tracking.model_copy(update={"mlflow_uri": config.mlflow_uri})})
     return launch_on_ray(
-        WorkerSpec(config=config.model_dump(mode="json"), dataset_uri=manifest.dataset_uri, plan=plan,
+        WorkerSpec(config=config.model_dump(mode="json"), dataset_uri=dataset_uri, plan=plan,
                    run_dir=run_dir, mlflow_run_id=mlflow_run_id, heartbeat_dir="<on each task's node>"),
         config, log_fn=log_fn, on_restart=on_restart, env=env).result
 
