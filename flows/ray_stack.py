@@ -54,7 +54,7 @@ def _ray_bin() -> str:
 
 def _ray_start(args: list[str], env: Mapping[str, str]) -> None:
     command = [_ray_bin(), "start", *args]
-    done = subprocess.run(command, env=dict(env), capture_output=True, text=True, timeout=180)
+    done = subprocess.run(command, env=dict(env), capture_output=True, text=True, timeout=180, check=False)
     if done.returncode != 0:
         raise RayClusterError(f"{' '.join(command)} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n"
                               f"{done.stderr[-3000:]}")

@@ -22,7 +22,13 @@ from typing import IO
 import psutil
 from pydantic import BaseModel, ConfigDict
 
-from flows.ray_stack import RAY_HOST, RayClusterError, RayClusterRecord, start_ray_cluster, stop_ray_cluster
+from flows.ray_stack import (
+    RAY_HOST,
+    RayClusterError,
+    RayClusterRecord,
+    start_ray_cluster,
+    stop_ray_cluster,
+)
 from pipeline_lib.config import DEFAULT_ROOT
 from pipeline_lib.core.net import free_port, is_port_free
 

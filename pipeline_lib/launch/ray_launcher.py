@@ -185,7 +185,7 @@ class RayTaskHandle:
             try:
                 return _ray().get(self.actor.traceback_tail.remote(max_lines), timeout=STATUS_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - the actor is gone: what we streamed is the tail
-                pass
+                logger.debug("no traceback tail from %s's actor", self.task.name, exc_info=True)
         return "\n".join(list(self.tail)[-max_lines:])
 
     def kill(self) -> None:
@@ -193,7 +193,7 @@ class RayTaskHandle:
         try:  # the worker process first (its process group), then the actor
             ray.get(self.actor.kill.remote(), timeout=KILL_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - a dead or hung actor: ray.kill ends it, PDEATHSIG its worker
-            pass
+            logger.debug("%s's actor did not end its worker; killing the actor", self.task.name, exc_info=True)
         ray.kill(self.actor, no_restart=True)
 
     def reap(self, timeout_s: float = 10.0) -> None:
@@ -280,7 +280,7 @@ class RayGroup:
         for actor, _, _ in self.actors.values():
             try:
                 ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
+            except Exception:
                 logger.debug("ray.kill of an actor failed", exc_info=True)
         self.actors, self.started = {}, []
         if self.placement_group is not None:

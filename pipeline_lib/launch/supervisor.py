@@ -30,10 +30,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pipeline_lib.cluster.address import validate_cluster_addresses
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
 from pipeline_lib.launch.errors import LaunchError, LaunchTimeout
-from pipeline_lib.cluster.address import validate_cluster_addresses
 from pipeline_lib.launch.exits import classify_exit, peer_failure_line
 from pipeline_lib.launch.group import TaskGroup, TaskHandle
 from pipeline_lib.launch.heartbeat import read_heartbeat

@@ -114,8 +114,8 @@ def test_a_wrong_address_is_named_before_any_actor(ray_cluster, tmp_path):
 
 
 @pytest.mark.parametrize("train, expected", [
-    ({"workers": 4}, "train.ray.placement 'spread' puts each of the 4 task(s) on its own node, but the Ray cluster "
-                     "has 3 node(s)"),
+    ({"workers": 4}, ("train.ray.placement 'spread' puts each of the 4 task(s) on its own node, but the Ray "
+                      "cluster has 3 node(s)")),
     ({"ray": {"resources_per_worker": {"CPU": 1, "GPU": 1}}},
      "asks each task for GPU: 1, but no node of the Ray cluster has that much"),
     ({"ray": {"resources_per_worker": {"CPU": 1, "tpu_slice": 2}}}, "asks each task for tpu_slice: 2"),
@@ -217,8 +217,17 @@ def test_parameter_servers_on_ray_two_workers_one_ps_learn_digits(ray_cluster, s
 @pytest.mark.slow
 def test_fifty_deterministic_steps_on_ray_end_with_the_local_launchers_weights(ray_cluster, s3, tmp_path):
     from pipeline_lib.launch.local import launch
-    from tests.pipeline_lib.launch_support import max_abs_diff, model_weights, write_dataset_on_disk
-    from tests.pipeline_lib.training.test_equivalence import EQUIVALENCE, MODEL, STEPS, TOLERANCE
+    from tests.pipeline_lib.launch_support import (
+        max_abs_diff,
+        model_weights,
+        write_dataset_on_disk,
+    )
+    from tests.pipeline_lib.training.test_equivalence import (
+        EQUIVALENCE,
+        MODEL,
+        STEPS,
+        TOLERANCE,
+    )
 
     local_data = write_dataset_on_disk(str(tmp_path / "data"), num_train=640, num_eval=64)
     settings = {"strategy": "multi_worker_mirrored", "workers": 2, "per_replica_batch_size": 32, **EQUIVALENCE}
