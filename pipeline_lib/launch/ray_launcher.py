@@ -184,7 +184,7 @@ class RayTaskHandle:
         if self.lost is None:
             try:
                 return _ray().get(self.actor.traceback_tail.remote(max_lines), timeout=STATUS_TIMEOUT_S)
-            except Exception:  # noqa: BLE001 - the actor is gone: what we streamed is the tail
+            except Exception:
                 logger.debug("no traceback tail from %s's actor", self.task.name, exc_info=True)
         return "\n".join(list(self.tail)[-max_lines:])
 
@@ -192,7 +192,7 @@ class RayTaskHandle:
         ray = _ray()
         try:  # the worker process first (its process group), then the actor
             ray.get(self.actor.kill.remote(), timeout=KILL_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - a dead or hung actor: ray.kill ends it, PDEATHSIG its worker
+        except Exception:
             logger.debug("%s's actor did not end its worker; killing the actor", self.task.name, exc_info=True)
         ray.kill(self.actor, no_restart=True)
 
