@@ -9,7 +9,10 @@ that speeds up or slows down weighs on both alike. From each run's chief log, wi
 
 The case is Ray steps/s over local steps/s (target ≥ 0.95: Ray may add start-up time, not per-step cost); the
 median of each side is used, and the spread (max − min over its runs) is printed with the start-up seconds.
-Both runs read the data from this machine's disk (every node of the local cluster is on it).
+Both runs read the data from this machine's disk (every node of the local cluster is on it). Each node offers
+NODE_CPUS CPUs and each task reserves them all: Ray caps a task's OMP_NUM_THREADS at the CPUs it reserved, so the
+Ray tasks get as many oneDNN threads as the local processes, which have no cap, and the comparison is of the
+launchers, not of thread counts.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from bench import case
 FULL_STEPS = 3000
 QUICK_STEPS = 400
 WARMUP_STEPS = 100
+NODE_CPUS = 2
 PROGRESS = re.compile(r"\[worker 0(?: @ [0-9.]+)?\] .*train \| step:\s+(\d+)")
 
 
@@ -58,7 +62,8 @@ def _config(root: str, steps: int, launcher: str, address: str | None):
     train = {"strategy": "multi_worker_mirrored", "workers": 2, "per_replica_batch_size": 32, "steps": steps,
              "checkpoint_every_steps": steps, "log_every_steps": 50, "shuffle": True, "launcher": launcher}
     if address:
-        train["ray"] = {"address": address, "node_ip_address": "127.0.0.2"}
+        train["ray"] = {"address": address, "node_ip_address": "127.0.0.2",
+                        "resources_per_worker": {"CPU": NODE_CPUS}}
     return parse_config({
         "name": f"bench-{launcher}", "data": {"source": "unused.csv", "label": "target"}, "output_root": root,
         "model": {"factory": "mlp", "params": {"hidden_units": [256, 128]}}, "train": train,
@@ -93,7 +98,7 @@ def run(quick: bool = False, **_sizes) -> list[dict]:
     order = ["local", "ray"] if quick else ["local", "ray", "ray", "local"]
     with tempfile.TemporaryDirectory(prefix="tfdag-bench-ray-") as root:
         manifest = write_digits_dataset(os.path.join(root, "digits"))
-        cluster = ray_stack.start_ray_cluster(3)
+        cluster = ray_stack.start_ray_cluster(3, num_cpus=NODE_CPUS)
         try:
             ray.init(address=cluster.address, _node_ip_address=ray_stack.RAY_HOST, log_to_driver=False,
                      configure_logging=False)
