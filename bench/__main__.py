@@ -20,6 +20,7 @@ SUITES = {
     "planning": "bench.bench_planning",
     "training": "bench.bench_training",
     "orchestration": "bench.bench_orchestration",
+    "ray": "bench.bench_ray",
 }
 RESULTS = Path(__file__).resolve().parent / "results.json"
 

@@ -29,7 +29,8 @@ TFRecord conversion -> shard planning -> cluster validation -> distributed train
   tfdag run examples/digits.yaml --json   ... and print the summary as JSON on the last line
   tfdag convert|plan|validate|train|evaluate CONFIG   one stage alone, without Prefect
   tfdag validate-cluster --strategy multi_worker_mirrored   check TF_CONFIG before training
-  tfdag stack up                          local Prefect + MLflow servers, work pool, worker, deployments
+  tfdag stack up [--ray N]                local Prefect + MLflow servers, work pool, worker, deployments
+                                          (--ray N: and a local Ray cluster of N nodes)
 
 exit codes: 0 success, 1 failure, 2 bad input (one line names the value and the fix),
             3 trained, not blessed (the evaluation gate refused the model), 130 interrupted
@@ -136,7 +137,7 @@ def cmd_validate_cluster(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from pipeline_lib.core import runs
     from pipeline_lib.data.convert import convert
-    from pipeline_lib.launch import local as launcher
+    from pipeline_lib.launch import launchers as launcher
     from pipeline_lib.planning import sharding
     from pipeline_lib.training import strategy
 
@@ -184,7 +185,7 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
 def cmd_stack(args: argparse.Namespace) -> int:
     from flows import stack
 
-    return stack.stack_command(args.action, root=args.root, out=sys.stdout)
+    return stack.stack_command(args.action, root=args.root, out=sys.stdout, ray_nodes=args.ray)
 
 
 class _UserErrorTracebackFilter(logging.Filter):
@@ -261,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
             config=False)
     p.add_argument("action", choices=["up", "down", "status"])
     p.add_argument("--root", default="./.tfdag", help="state directory (default ./.tfdag)")
+    p.add_argument("--ray", type=int, default=0, metavar="N",
+                   help="up: also start a local Ray cluster of N nodes on 127.0.0.2 (train.launcher: ray)")
     return parser
 
 

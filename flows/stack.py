@@ -22,6 +22,13 @@ from typing import IO
 import psutil
 from pydantic import BaseModel, ConfigDict
 
+from flows.ray_stack import (
+    RAY_HOST,
+    RayClusterError,
+    RayClusterRecord,
+    start_ray_cluster,
+    stop_ray_cluster,
+)
 from pipeline_lib.config import DEFAULT_ROOT
 from pipeline_lib.core.net import free_port, is_port_free
 
@@ -72,6 +79,7 @@ class StackState(BaseModel):
     work_pool: str
     services: tuple[ServiceRecord, ...]
     deployments: tuple[str, ...] = ()
+    ray: RayClusterRecord | None = None  # `up --ray N`: the local Ray cluster
     profile: str | None = None  # the Prefect profile `up` activated
     previous_profile: str | None = None  # the one `down` restores
     started_at: str = ""
@@ -346,10 +354,13 @@ def _worker_online(api_url: str, pool: str) -> bool:
 
 
 def start_worker(directory: Path, api_url: str, mlflow_url: str, project_dir: Path, pool: str = WORK_POOL,
-                 timeout_s: float = 120.0) -> ServiceRecord:
-    """A process worker on the pool; its flow runs get MLFLOW_TRACKING_URI and the project on PYTHONPATH."""
+                 timeout_s: float = 120.0, ray_address: str | None = None) -> ServiceRecord:
+    """A process worker on the pool; its flow runs get MLFLOW_TRACKING_URI, RAY_ADDRESS (with `--ray`) and the
+    project on PYTHONPATH."""
     env = prefect_env(directory, api_url)
     env["MLFLOW_TRACKING_URI"] = mlflow_url
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(project_dir), os.environ.get("PYTHONPATH", "")) if p)
     # Pick up new flow runs within seconds, not the default 10 s.
     env.setdefault("PREFECT_WORKER_QUERY_SECONDS", "2")
@@ -430,13 +441,15 @@ def stack_status(root: str | os.PathLike[str] = DEFAULT_ROOT) -> tuple[StackStat
 
 
 def _env_file_text(state: StackState) -> str:
+    ray = f"export RAY_ADDRESS={state.ray.address}\n" if state.ray is not None else ""
     return (f"export PREFECT_API_URL={state.prefect_api_url}\n"
-            f"export MLFLOW_TRACKING_URI={state.mlflow_url}\n")
+            f"export MLFLOW_TRACKING_URI={state.mlflow_url}\n") + ray
 
 
 def stack_up(root: str | os.PathLike[str] = DEFAULT_ROOT, *, project_dir: str | os.PathLike[str] | None = None,
              prefect_port: int | None = None, mlflow_port: int | None = None, profile: str | None = PROFILE,
-             prefect_file: Path = PREFECT_FILE, log_fn: Callable[[str], None] = logger.info) -> StackState:
+             prefect_file: Path = PREFECT_FILE, log_fn: Callable[[str], None] = logger.info,
+             ray_nodes: int = 0) -> StackState:
     """Start the Prefect server, the MLflow server, the work pool, a process worker, then deploy prefect.yaml.
 
     Everything binds 127.0.0.1. State, logs and both servers' data live under `<root>/stack/`; MLflow's
@@ -451,6 +464,8 @@ def stack_up(root: str | os.PathLike[str] = DEFAULT_ROOT, *, project_dir: str | 
         profile: the Prefect profile to point at the stack and activate (None leaves profiles alone).
         prefect_file: the deployments file, relative to project_dir.
         log_fn: progress lines.
+        ray_nodes: with N > 0, also a local Ray cluster of N nodes on 127.0.0.2 (`flows.ray_stack`); the
+            stack's worker gets its RAY_ADDRESS, so `train.launcher: ray` configs train on it.
 
     Returns:
         The StackState (also in <root>/stack/stack.json).
@@ -475,7 +490,16 @@ def stack_up(root: str | os.PathLike[str] = DEFAULT_ROOT, *, project_dir: str | 
     if mlflow_port == prefect_port:
         mlflow_port = free_port()
     started: list[ServiceRecord] = []
+    ray: RayClusterRecord | None = None
     try:
+        if ray_nodes:
+            log_fn(f"starting a Ray cluster of {ray_nodes} node(s) on {RAY_HOST} ...")
+            try:
+                ray = start_ray_cluster(ray_nodes, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                    p for p in (str(project), os.environ.get("PYTHONPATH", "")) if p)})
+            except RayClusterError as error:
+                raise StackError(str(error)) from None
+            log_fn(f"Ray cluster at {ray.address} (dashboard {ray.dashboard_url})")
         log_fn(f"starting the Prefect server on {HOST}:{prefect_port} ...")
         started.append(start_prefect_server(directory, prefect_port))
         api_url = f"http://{HOST}:{prefect_port}/api"
@@ -484,17 +508,20 @@ def stack_up(root: str | os.PathLike[str] = DEFAULT_ROOT, *, project_dir: str | 
         mlflow_url = f"http://{HOST}:{mlflow_port}"
         log_fn(f"creating work pool {WORK_POOL!r} and starting a process worker ...")
         create_work_pool(directory, api_url)
-        started.append(start_worker(directory, api_url, mlflow_url, project))
+        started.append(start_worker(directory, api_url, mlflow_url, project,
+                                    ray_address=ray.address if ray is not None else None))
         log_fn(f"deploying {prefect_file} ...")
         names = deploy(directory, api_url, project, prefect_file)
         previous = use_profile(api_url, profile) if profile else None
     except BaseException:
         for record in reversed(started):
             stop_process(record)
+        if ray is not None:
+            stop_ray_cluster(ray)
         raise
     state = StackState(root=str(Path(root).expanduser().resolve()), project_dir=str(project),
                        prefect_ui_url=f"http://{HOST}:{prefect_port}", prefect_api_url=api_url, mlflow_url=mlflow_url,
-                       work_pool=WORK_POOL, services=tuple(started), deployments=names,
+                       work_pool=WORK_POOL, services=tuple(started), deployments=names, ray=ray,
                        profile=profile, previous_profile=previous, started_at=_now())
     _write_state(root, state)
     (directory / ENV_NAME).write_text(_env_file_text(state))
@@ -518,6 +545,10 @@ def stack_down(root: str | os.PathLike[str] = DEFAULT_ROOT, *,
         line = stop_process(record)
         log_fn(line)
         lines.append(line)
+    if state.ray is not None:
+        line = stop_ray_cluster(state.ray)
+        log_fn(line)
+        lines.append(line)
     if state.profile and state.previous_profile and active_profile() == state.profile:
         result = _user_prefect("profile", "use", state.previous_profile)
         if result.returncode == 0:
@@ -534,10 +565,14 @@ def _print_addresses(state: StackState, out: IO[str]) -> None:
     print(f"work pool:       {state.work_pool} (process worker {WORKER_NAME})", file=out)
     if state.deployments:
         print(f"deployments:     {', '.join(state.deployments)}", file=out)
+    if state.ray is not None:
+        print(f"Ray cluster:     {state.ray.address} ({state.ray.num_nodes} nodes; RAY_ADDRESS for "
+              f"train.launcher: ray), dashboard {state.ray.dashboard_url}", file=out)
     print(f"state and logs:  {stack_dir(state.root)}", file=out)
 
 
-def stack_command(action: str, root: str | os.PathLike[str] = DEFAULT_ROOT, out: IO[str] = sys.stdout) -> int:
+def stack_command(action: str, root: str | os.PathLike[str] = DEFAULT_ROOT, out: IO[str] = sys.stdout,
+                  ray_nodes: int = 0) -> int:
     """`tfdag stack up|down|status`.
 
     Ports come from TFDAG_PREFECT_PORT and TFDAG_MLFLOW_PORT (0: any free port; unset: 4200 and 5000 when
@@ -553,7 +588,8 @@ def stack_command(action: str, root: str | os.PathLike[str] = DEFAULT_ROOT, out:
         if action == "up":
             profile = os.environ.get("TFDAG_STACK_PROFILE", PROFILE) or None
             state = stack_up(root, prefect_port=_env_port("TFDAG_PREFECT_PORT"),
-                             mlflow_port=_env_port("TFDAG_MLFLOW_PORT"), profile=profile, log_fn=say)
+                             mlflow_port=_env_port("TFDAG_MLFLOW_PORT"), profile=profile, log_fn=say,
+                             ray_nodes=ray_nodes)
             say("")
             _print_addresses(state, out)
             say("")

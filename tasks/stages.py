@@ -28,7 +28,7 @@ from pipeline_lib.evaluation import consolidation
 from pipeline_lib.evaluation import metrics as evaluation
 from pipeline_lib.evaluation.gate import apply_gate
 from pipeline_lib.evaluation.report import EvalReport, GateDecision
-from pipeline_lib.launch import local as launcher
+from pipeline_lib.launch import launchers as launcher
 from pipeline_lib.launch.supervisor import TrainProgress
 from pipeline_lib.planning import sharding
 from pipeline_lib.tracking import lineage, model_logging, registry

@@ -8,8 +8,8 @@ import socket
 import threading
 import time
 
+from pipeline_lib.cluster.address import split_address
 from pipeline_lib.cluster.preflight_report import PreflightError
-from pipeline_lib.cluster.tf_config import split_address
 
 CONNECT_RETRY_S = 0.2
 

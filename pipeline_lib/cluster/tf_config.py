@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from pipeline_lib.cluster.address import cluster_address_problems
 from pipeline_lib.cluster.report import (
     ClusterConfigError,
     Finding,
@@ -57,15 +58,6 @@ class _TfConfig:
 
     def count(self, *jobs: str) -> int:
         return sum(len(self.jobs.get(job, [])) for job in jobs)
-
-
-def split_address(address: str) -> tuple[str, str | None]:
-    """('host', 'port') of 'host:port' or '[v6]:port'; port None when there is none (port stays a string)."""
-    if address.startswith("["):
-        host, _, rest = address[1:].partition("]")
-        return host, rest[1:] if rest.startswith(":") else None
-    host, sep, port = address.rpartition(":")
-    return (host, port) if sep else (address, None)
 
 
 def _addresses(tf: _TfConfig) -> list[tuple[str, int, Any]]:
@@ -128,44 +120,29 @@ def rule_empty_job(tf: _TfConfig) -> list[Finding]:
     return found
 
 
+def _address_findings(tf: _TfConfig, rule: str) -> list[Finding]:
+    """The findings of one address rule; `address_problem` (cluster/address.py) is the rule, written once."""
+    return [error(found, message) for found, message in cluster_address_problems(tf.jobs, tf.who) if found == rule]
+
+
 def rule_address_without_port(tf: _TfConfig) -> list[Finding]:
-    found = []
-    for job, index, address in _addresses(tf):
-        if not isinstance(address, str):
-            found.append(error("address_without_port", f"{tf.who}: cluster.{job}[{index}] is {address!r}, not a "
-                                                       "'host:port' string; quote it as \"host:port\""))
-            continue
-        host, port = split_address(address)
-        if port is None or not host:
-            part = "port" if port is None else "host"
-            found.append(error("address_without_port", f"{tf.who}: cluster.{job}[{index}] {address!r} has no "
-                                                       f"{part}; write it as host:port, e.g. "
-                                                       f"'{host or 'worker-0'}:{port or 2222}'"))
-    return found
+    return _address_findings(tf, "address_without_port")
+
+
+def rule_address_not_host_port(tf: _TfConfig) -> list[Finding]:
+    return _address_findings(tf, "address_not_host_port")
 
 
 def rule_port_not_numeric(tf: _TfConfig) -> list[Finding]:
-    found = []
-    for job, index, address in _addresses(tf):
-        if isinstance(address, str):
-            host, port = split_address(address)
-            if port is not None and not port.isdigit():
-                found.append(error("port_not_numeric", f"{tf.who}: cluster.{job}[{index}] {address!r} has port "
-                                                       f"{port!r}, not a number; use a numeric port, e.g. "
-                                                       f"'{host}:2222'"))
-    return found
+    return _address_findings(tf, "port_not_numeric")
 
 
 def rule_port_out_of_range(tf: _TfConfig) -> list[Finding]:
-    found = []
-    for job, index, address in _addresses(tf):
-        if isinstance(address, str):
-            _host, port = split_address(address)
-            if port is not None and port.isdigit() and not 1 <= int(port) <= 65535:
-                found.append(error("port_out_of_range", f"{tf.who}: cluster.{job}[{index}] {address!r} has port "
-                                                        f"{int(port)}, outside 1..65535; choose a real port (0 "
-                                                        "would pick a random one that peers cannot know)"))
-    return found
+    return _address_findings(tf, "port_out_of_range")
+
+
+def rule_address_bad_host(tf: _TfConfig) -> list[Finding]:
+    return _address_findings(tf, "address_bad_host")
 
 
 def rule_duplicate_address(tf: _TfConfig) -> list[Finding]:
@@ -310,8 +287,10 @@ TF_CONFIG_RULES: tuple[Callable[[_TfConfig], list[Finding]], ...] = (
     rule_unknown_job,
     rule_empty_job,
     rule_address_without_port,
+    rule_address_not_host_port,
     rule_port_not_numeric,
     rule_port_out_of_range,
+    rule_address_bad_host,
     rule_duplicate_address,
     rule_task_type_not_in_cluster,
     rule_task_index_not_integer,

@@ -33,3 +33,7 @@ class RestartsExhausted(LaunchError):
 
 class LaunchTimeout(LaunchError):
     """train.timeout_s passed before training finished."""
+
+
+class RayClusterError(LaunchError, UserError):
+    """The Ray cluster cannot run this training as configured (address, nodes, resources): raised before any actor."""

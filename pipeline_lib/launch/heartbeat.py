@@ -35,6 +35,7 @@ class Heartbeat:
         self.phase = Phase.STARTING
         self.start_step: int | None = None
         self.loss: float | None = None
+        self.metrics: dict[str, Any] | None = None  # the task's Prometheus endpoint: {"target", "labels"}
         self._last_write = float("-inf")
 
     def beat(self, step: int, examples: int, *, phase: Phase | None = None, force: bool = False,
@@ -50,7 +51,7 @@ class Heartbeat:
         self._last_write = now
         payload = json.dumps({"task": self.task, "pid": os.getpid(), "step": int(step), "phase": self.phase.value,
                               "start_step": self.start_step, "time": time.time(), "examples": int(self.examples),
-                              "loss": self.loss})
+                              "loss": self.loss, "metrics": self.metrics})
         tmp = f"{self.path}.{os.getpid()}.tmp"
         with open(tmp, "w") as handle:
             handle.write(payload)

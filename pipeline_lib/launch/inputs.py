@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pipeline_lib.cluster.check import validate_cluster
 from pipeline_lib.cluster.report import ClusterReport
-from pipeline_lib.config import PipelineConfig
+from pipeline_lib.config import Launcher, PipelineConfig
 from pipeline_lib.core import storage
 from pipeline_lib.data import demo
 from pipeline_lib.training import models
@@ -24,7 +24,8 @@ class InputCheck:
 def check_inputs(config: PipelineConfig, environ: Mapping[str, str] | None = None) -> InputCheck:
     """Check what a run needs from its input, cheapest first, before conversion or any cluster starts.
 
-    The config's own values were checked when it was parsed. This adds what needs the world: the model factory's
+    The config's own values were checked when it was parsed. This adds what needs the world: the Ray address
+    (train.ray.address or RAY_ADDRESS) when train.launcher is ray, the model factory's
     import path, TF_CONFIG against the strategy, and every storage URI with its credentials (the bundled demo
     source is written first when the config names it, as the flow would).
 
@@ -32,6 +33,8 @@ def check_inputs(config: PipelineConfig, environ: Mapping[str, str] | None = Non
         UserError: the first input that cannot work (ModelFactoryError, ClusterConfigError, StorageAccessError),
             naming the value, where it came from and the fix.
     """
+    if config.train.launcher == Launcher.RAY:
+        config.train.ray.resolved_address(dict(environ) if environ is not None else None)
     if config.model.factory not in models.BUILTINS:
         models.import_factory(config.model.factory)
     report = validate_cluster(config, environ)

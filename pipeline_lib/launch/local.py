@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import shutil
 import signal
 import tempfile
@@ -44,7 +45,8 @@ from pipeline_lib.launch.errors import (
     WorkerInputError,
 )
 from pipeline_lib.launch.exits import user_error_line
-from pipeline_lib.launch.processes import TaskSpec
+from pipeline_lib.launch.group import TaskGroup
+from pipeline_lib.launch.processes import TaskProcess, TaskSpec, start_worker
 from pipeline_lib.launch.spec import USER_ERROR_EXIT_CODE, WorkerSpec
 from pipeline_lib.launch.supervisor import AttemptSupervisor, TrainProgress
 from pipeline_lib.planning.sharding import ShardPlan
@@ -90,6 +92,35 @@ def plan_tasks(config: PipelineConfig, host: str = LOOPBACK) -> list[TaskSpec]:
             for i in range(train.workers)]
 
 
+class LocalGroup:
+    """The local launcher's `TaskGroup`: each task a worker process on this machine, heartbeats in a local dir."""
+
+    def __init__(self, spec: WorkerSpec, config: PipelineConfig, env: Mapping[str, str] | None = None):
+        self.spec = spec
+        self.config = config
+        self.extra_env = dict(env or {})
+        self.work_dir = tempfile.mkdtemp(prefix="tfdag-launch-")
+        self.spec_path = os.path.join(self.work_dir, "worker_spec.json")
+        with open(self.spec_path, "w") as handle:
+            handle.write(spec.model_dump_json())
+
+    def plan_attempt(self) -> list[TaskSpec]:
+        # A previous attempt's heartbeat would pass for this one's progress.
+        shutil.rmtree(self.spec.heartbeat_dir, ignore_errors=True)
+        os.makedirs(self.spec.heartbeat_dir, exist_ok=True)
+        return plan_tasks(self.config)
+
+    def start(self, task: TaskSpec, log_fn: Callable[[str], None], log_lock: threading.Lock) -> TaskProcess:
+        return start_worker(task, self.spec_path, self.extra_env, log_fn, log_lock,
+                            heartbeat_dir=self.spec.heartbeat_dir)
+
+    def end_attempt(self) -> None:
+        pass
+
+    def close(self) -> None:
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """In the main thread, turn SIGTERM into KeyboardInterrupt so the finally blocks end the workers."""
@@ -115,9 +146,13 @@ def launch(
     timeout_s: float | None = None,
     on_restart: Callable[[int, str], None] | None = None,
     env: Mapping[str, str] | None = None,
+    group: TaskGroup | None = None,
     on_progress: Callable[[TrainProgress], None] | None = None,
 ) -> LaunchResult:
-    """Run the training cluster `config.train` describes as local processes and supervise it to the end.
+    """Run the training cluster `config.train` describes and supervise it to the end.
+
+    The restart loop every launcher shares: `group` places and starts the tasks (default `LocalGroup`, local
+    processes; `ray_launcher.RayGroup` puts them on a Ray cluster), the `AttemptSupervisor` watches them.
 
     Args:
         spec: what every worker gets (config, dataset, plan, run_dir, MLflow run id, heartbeat_dir).
@@ -127,7 +162,8 @@ def launch(
         timeout_s: the overall limit, restarts included; default `train.timeout_s` (None: no limit).
         on_restart: called as `on_restart(n, story)` for restart n (1-based) once the restarted group has
             restored (or failed before it did); the story is the cause and the step it resumed from.
-        env: extra environment variables for the workers (e.g. TFDAG_FAULT in tests).
+        env: extra environment variables for the workers (e.g. TFDAG_FAULT in tests); for the default group.
+        group: the task group; default `LocalGroup(spec, config, env)`.
         on_progress: called with the chief's progress (step of total, loss, examples/s) every few seconds.
 
     Returns:
@@ -144,7 +180,8 @@ def launch(
     limit = timeout_s if timeout_s is not None else train.timeout_s
     deadline = started + limit if limit else None
     restarts: list[RestartRecord] = []
-    supervisor = AttemptSupervisor(spec, config, log_fn, env, deadline)
+    supervisor = AttemptSupervisor(spec, config, group if group is not None else LocalGroup(spec, config, env),
+                                   log_fn, deadline)
     supervisor.on_progress = on_progress
     told: set[int] = set()
 
@@ -165,7 +202,7 @@ def launch(
         with _sigterm_as_interrupt():
             while True:
                 attempt += 1
-                outcome = supervisor.run_attempt(attempt, plan_tasks(config), on_resumed=tell)
+                outcome = supervisor.run_attempt(attempt, supervisor.group.plan_attempt(), on_resumed=tell)
                 tell(None)  # a restarted group that ended before its chief restored
                 if outcome.kind == "ok":
                     supervisor.fence()

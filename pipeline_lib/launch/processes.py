@@ -12,8 +12,11 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from pipeline_lib.cluster.info import ClusterInfo
+from pipeline_lib.launch.exits import describe_exit
+from pipeline_lib.launch.heartbeat import heartbeat_name, read_heartbeat
 from pipeline_lib.launch.spec import PARENT_PID_ENV
 
 logger = logging.getLogger(__name__)
@@ -50,33 +53,29 @@ class TaskProcess:
     """One running task: the Popen, the thread that streams its output to `log_fn`, and the tail of that output."""
 
     def __init__(self, task: TaskSpec, popen: subprocess.Popen, log_fn: Callable[[str], None],
-                 log_lock: threading.Lock, log_path: str | None = None):
+                 log_lock: threading.Lock, *, prefix: str | None = None, heartbeat_path: str | None = None):
         self.task = task
         self.popen = popen
+        self.prefix = prefix if prefix is not None else f"[{task.name}] "
+        self.heartbeat_path = heartbeat_path
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._log_fn = log_fn
         self._log_lock = log_lock
-        # Every line also kept in a file (appended across attempts), so a failed task's traceback survives it.
-        self._log_file = open(log_path, "a", encoding="utf-8", buffering=1) if log_path else None  # noqa: SIM115
         self.thread = threading.Thread(target=self._pump, name=f"tfdag-log-{task.name}", daemon=True)
         self.thread.start()
 
     def _pump(self) -> None:
-        prefix = f"[{self.task.name}] "
+        prefix = self.prefix
         assert self.popen.stdout is not None
         for raw in iter(self.popen.stdout.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
             self.tail.append(line)
-            if self._log_file is not None:
-                self._log_file.write(line + "\n")
             with self._log_lock:
                 try:
                     self._log_fn(prefix + line)
                 except Exception:  # a broken log sink must not stop the pump (or block the pipe)
                     logger.debug("log_fn failed on a line of %s", self.task.name, exc_info=True)
         self.popen.stdout.close()
-        if self._log_file is not None:
-            self._log_file.close()
 
     def poll(self) -> int | None:
         return self.popen.poll()
@@ -91,6 +90,15 @@ class TaskProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=timeout_s)
         self.thread.join(timeout=timeout_s)
+
+    def is_stopped(self) -> bool:
+        return is_stopped(self.popen.pid)
+
+    def read_heartbeat(self) -> dict[str, Any] | None:
+        return read_heartbeat(self.heartbeat_path) if self.heartbeat_path else None
+
+    def describe_exit(self, code: int) -> str:
+        return describe_exit(code)
 
     def traceback_tail(self, max_lines: int = 25) -> str:
         lines = list(self.tail)
@@ -116,11 +124,16 @@ def worker_env(task: TaskSpec, extra_env: Mapping[str, str]) -> dict[str, str]:
 
 
 def start_worker(task: TaskSpec, spec_path: str, extra_env: Mapping[str, str], log_fn: Callable[[str], None],
-                 log_lock: threading.Lock, log_path: str | None = None) -> TaskProcess:
-    """Start `python -m pipeline_lib.launch.worker --spec SPEC_PATH` for `task` in its own session; its output
-    goes to `log_fn` line by line and, with `log_path`, is appended to that file too."""
+                 log_lock: threading.Lock, *, prefix: str | None = None,
+                 heartbeat_dir: str | None = None) -> TaskProcess:
+    """Start `python -m pipeline_lib.launch.worker --spec SPEC_PATH` for `task` in its own session.
+
+    Its output lines go to `log_fn` as `prefix + line` (default `[worker 1] `); `heartbeat_dir` is where the
+    worker writes its heartbeat (the spec's `heartbeat_dir`), read by `TaskProcess.read_heartbeat`.
+    """
     command = [sys.executable, "-m", WORKER_MODULE, "--spec", spec_path]
     popen = subprocess.Popen(command, env=worker_env(task, extra_env), stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     logger.debug("started %s as pid %d", task.name, popen.pid)
-    return TaskProcess(task, popen, log_fn, log_lock, log_path)
+    path = os.path.join(heartbeat_dir, heartbeat_name(task.cluster)) if heartbeat_dir else None
+    return TaskProcess(task, popen, log_fn, log_lock, prefix=prefix, heartbeat_path=path)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -23,7 +22,6 @@ from pipeline_lib.core import storage
 logger = logging.getLogger(__name__)
 
 TARGETS_NAME = "prometheus_targets.json"  # in the run directory, Prometheus file_sd format
-ENDPOINT_SUFFIX = ".metrics.json"  # beside a task's heartbeat: {"target": "host:port", "labels": {...}}
 LABELS = ("run", "task_type", "task_index")
 _STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _CHECKPOINT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -87,12 +85,9 @@ class TaskMetrics:
         self.checkpoint_seconds.observe(seconds)
         self.last_checkpoint.set(time.time())
 
-    def write_endpoint(self, path: str) -> None:
-        """Tell the supervisor where this endpoint is (a small JSON file beside the heartbeat)."""
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as handle:
-            json.dump({"target": self.target, "labels": self.labels}, handle)
-        os.replace(tmp, path)
+    def endpoint(self) -> dict[str, Any]:
+        """Where this endpoint is, for the supervisor's targets file (it travels in the task's heartbeat)."""
+        return {"target": self.target, "labels": dict(self.labels)}
 
     def close(self) -> None:
         self.server.shutdown()
@@ -127,16 +122,13 @@ class SupervisorMetrics:
         for (task_type, task_index), step in steps.items():
             self.lag.labels(run=self.run, task_type=task_type, task_index=str(task_index)).set(fastest - step)
 
-    def write_targets(self, endpoint_files: list[str]) -> None:
-        """The supervisor and every task endpoint found, in Prometheus file_sd format (rewritten when it changes)."""
+    def write_targets(self, endpoints: list[Mapping[str, Any]]) -> None:
+        """The supervisor and every task endpoint known (`TaskMetrics.endpoint()`), in Prometheus file_sd format
+        (rewritten when it changes)."""
         groups = [self.target]
-        for path in sorted(endpoint_files):
-            try:
-                with open(path) as handle:
-                    found = json.load(handle)
-            except (OSError, ValueError):
-                continue
-            groups.append({"targets": [found["target"]], "labels": found["labels"]})
+        for found in sorted(endpoints, key=lambda e: str(e.get("target"))):
+            if found.get("target") and isinstance(found.get("labels"), Mapping):
+                groups.append({"targets": [str(found["target"])], "labels": dict(found["labels"])})
         self._write(groups)
 
     def _write(self, groups: list[dict[str, Any]]) -> None:

@@ -1,6 +1,8 @@
-"""The supervisor of one launch: runs each attempt's processes, classifies their exits, and a hang watchdog.
+"""The supervisor of one launch: runs each attempt's tasks, classifies their exits, and a hang watchdog.
 
-Each training process writes a heartbeat (`<heartbeat_dir>/<task>.json`) with its step and its phase
+It sees tasks through the `launch.group` protocol, so the local launcher and the Ray launcher share it whole.
+Each training process writes a heartbeat (its launcher reads it: a local file, or through its Ray actor) with its
+step and its phase
 (`training.hooks.Phase`). A task whose heartbeat has not changed (a new step or a new phase) for its phase's
 bound (`phase_bound_s`) gets the whole group fenced (every process killed: an all-reduce cannot go on without a
 peer) and the attempt ends retryable. The bounds, from `train.hang_timeout_s` (H):
@@ -16,6 +18,10 @@ the bound that applies is the largest over the group's running tasks, and it is 
 a fence needs every running task silent for longer than that bound (a worker that entered a step while its peer
 was saving has been silent since before the save, yet the peer's progress shows the group is alive).
 
+Every line of every task is also kept in `<run_dir>/logs/<task>.log` (all attempts); with
+`observability.prometheus_port` the supervisor serves its own metrics and keeps `<run_dir>/prometheus_targets.json`
+listing every task endpoint its heartbeats announce (emptied at the end).
+
 Once the chief has exited 0 (its result is written) nothing is fenced: the others get the finishing bound (at
 most SHUTDOWN_GRACE_S) to exit, then are ended.
 """
@@ -23,31 +29,24 @@ most SHUTDOWN_GRACE_S) to exit, then are ended.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import logging
 import os
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from typing import Any
 
+from pipeline_lib.cluster.address import validate_cluster_addresses
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
 from pipeline_lib.launch.errors import LaunchError, LaunchTimeout
-from pipeline_lib.launch.exits import classify_exit, describe_exit, peer_failure_line
-from pipeline_lib.launch.heartbeat import heartbeat_name, read_heartbeat
-from pipeline_lib.launch.processes import (
-    TaskProcess,
-    TaskSpec,
-    is_stopped,
-    start_worker,
-)
-from pipeline_lib.launch.prometheus import (
-    ENDPOINT_SUFFIX,
-    TARGETS_NAME,
-    SupervisorMetrics,
-)
+from pipeline_lib.launch.exits import classify_exit, peer_failure_line
+from pipeline_lib.launch.group import TaskGroup, TaskHandle
+from pipeline_lib.launch.heartbeat import read_heartbeat
+from pipeline_lib.launch.processes import TaskSpec
+from pipeline_lib.launch.prometheus import TARGETS_NAME, SupervisorMetrics
 from pipeline_lib.launch.spec import PREEMPTION_EXIT_CODE, RESULT_NAME, WorkerSpec
 from pipeline_lib.training.hooks import Phase
 from pipeline_lib.training.results import TrainResult
@@ -57,14 +56,14 @@ logger = logging.getLogger(__name__)
 STARTUP_ALLOWANCE_S = 120.0
 SLOW_PHASE_FACTOR = 3.0
 POLL_S = 0.1
-PROGRESS_INTERVAL_S = 2.0
-LOGS_NAME = "logs"  # <run_dir>/logs/<task>.log: every line of every task, all attempts
 # After a preemption exit the others are finishing the same coordinated checkpoint: let them.
 PREEMPTION_GRACE_S = 60.0
 # After a permanent exit, a peer killed by a signal at about the same time is the likelier root cause.
 PERMANENT_GRACE_S = 1.0
 # After the chief succeeds, the other synchronous workers are only shutting down.
 SHUTDOWN_GRACE_S = 30.0
+PROGRESS_INTERVAL_S = 2.0
+LOGS_NAME = "logs"  # <run_dir>/logs/<task>.log: every line of every task, all attempts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,21 +117,24 @@ class HeartbeatWatch:
     """The watchdog's view of one training task's heartbeat: its step, phase, and when either last changed.
 
     Before the first heartbeat the task counts as starting. A heartbeat without a phase counts as stepping.
+    `source` is the heartbeat file's path or a function that returns the latest heartbeat (a task handle's).
     """
 
-    def __init__(self, path: str, started: float):
-        self.path = path
+    def __init__(self, source: str | Callable[[], dict[str, Any] | None], started: float):
+        self._read = source if callable(source) else (lambda: read_heartbeat(source))
         self.last_step = -1
         self.phase = Phase.STARTING
         self.start_step: int | None = None
         self.last_progress = started
         self.has_beaten = False
+        self.beat: dict[str, Any] = {}  # the latest heartbeat read
         self._key: tuple | None = None
 
     def update(self, now: float) -> None:
-        beat = read_heartbeat(self.path)
+        beat = self._read()
         if beat is None:
             return
+        self.beat = beat
         try:
             phase = Phase(beat.get("phase", Phase.STEPPING.value))
             step = int(beat.get("step", -1))
@@ -154,46 +156,42 @@ class HeartbeatWatch:
 
 
 class AttemptSupervisor:
-    """Runs attempts of one launch's process group until each ends (ok, retryable, permanent) and fences them."""
+    """Runs attempts of one launch's task group until each ends (ok, retryable, permanent) and fences them."""
 
-    def __init__(self, spec: WorkerSpec, config: PipelineConfig, log_fn: Callable[[str], None],
-                 env: Mapping[str, str] | None, deadline: float | None):
+    def __init__(self, spec: WorkerSpec, config: PipelineConfig, group: TaskGroup, log_fn: Callable[[str], None],
+                 deadline: float | None):
         self.spec = spec
         self.config = config
+        self.group = group
         self.log_fn = log_fn
-        self.extra_env = dict(env or {})
         self.deadline = deadline
+        self.log_lock = threading.Lock()
+        self.processes: list[TaskHandle] = []
+        self._watches: dict[str, HeartbeatWatch] = {}
+        self.logs_dir = tempfile.mkdtemp(prefix="tfdag-task-logs-")  # copied to <run_dir>/logs at the end
         # Called with the chief's progress at most every PROGRESS_INTERVAL_S (from the supervising thread).
         self.on_progress: Callable[[TrainProgress], None] | None = None
         self._progress_seen: tuple[float, int, int] | None = None  # (time, step, examples) of the last report
-        self.log_lock = threading.Lock()
-        self.processes: list[TaskProcess] = []
-        self._watches: dict[str, HeartbeatWatch] = {}
-        self.work_dir = tempfile.mkdtemp(prefix="tfdag-launch-")
-        self.logs_dir = os.path.join(self.work_dir, "logs")  # <task>.log, copied to <run_dir>/logs at the end
-        os.makedirs(self.logs_dir)
-        self.spec_path = os.path.join(self.work_dir, "worker_spec.json")
         self.metrics: SupervisorMetrics | None = None
         if config.observability.prometheus_port is not None:
             self.metrics = SupervisorMetrics(os.path.basename(spec.run_dir.rstrip("/")), "127.0.0.1",
                                              config.observability.prometheus_port,
                                              storage.join(spec.run_dir, TARGETS_NAME), config.storage_options)
-        with open(self.spec_path, "w") as handle:
-            handle.write(spec.model_dump_json())
 
     def fence(self) -> None:
-        """Kill every process of the group and wait for them (a no-op for those already gone)."""
-        for process in self.processes:
-            process.kill()
-        for process in self.processes:
-            process.reap()
-        self.processes = []
+        """Kill every task of the group, wait for them, and release the attempt's placement (idempotent)."""
+        try:
+            for process in self.processes:
+                process.kill()
+            for process in self.processes:
+                process.reap()
+            self.processes = []
+        finally:
+            self.group.end_attempt()
 
     def _reset_run_files(self) -> None:
         # Per attempt: an old result.json would pass for this attempt's, and the previous attempt's preflight
         # fingerprints would look like a second task claiming the same slot.
-        shutil.rmtree(self.spec.heartbeat_dir, ignore_errors=True)
-        os.makedirs(self.spec.heartbeat_dir, exist_ok=True)
         options = self.config.storage_options
         for name in (RESULT_NAME, "preflight"):
             fs, path = storage.get_fs(storage.join(self.spec.run_dir, name), options)
@@ -209,17 +207,13 @@ class AttemptSupervisor:
         Raises:
             LaunchTimeout: the launch's deadline passed during the attempt.
         """
+        # Launcher-made addresses pass the same rule as a user's TF_CONFIG (cluster/address.py), before any start.
+        validate_cluster_addresses(dict(tasks[0].cluster.cluster), "the cluster spec the launcher generated")
         self._reset_run_files()
         for task in tasks:  # one by one: if a start fails, `fence` still ends those already started
-            log_path = os.path.join(self.logs_dir, f"{task.name.replace(' ', '-')}.log")
-            with open(log_path, "a", encoding="utf-8") as handle:
-                handle.write(f"--- attempt {number} ---\n")
-            self.processes.append(start_worker(task, self.spec_path, self.extra_env, self.log_fn, self.log_lock,
-                                               log_path))
+            self.processes.append(self.group.start(task, self._kept(task, number), self.log_lock))
         started = time.monotonic()
-        watches = {p.task.name: HeartbeatWatch(os.path.join(self.spec.heartbeat_dir, heartbeat_name(p.task.cluster)),
-                                               started)
-                   for p in self.processes if p.task.is_trainer}
+        watches = {p.task.name: HeartbeatWatch(p.read_heartbeat, started) for p in self.processes if p.task.is_trainer}
         self._watches = watches
         hang_timeout = self.config.train.hang_timeout_s
         chief = next(p for p in self.processes if p.task.cluster.is_chief)
@@ -268,11 +262,24 @@ class AttemptSupervisor:
                 return self._hang(watches, codes, now)
             time.sleep(POLL_S)
 
+    def _kept(self, task: TaskSpec, attempt: int) -> Callable[[str], None]:
+        """The task's log function: each line to `log_fn` and appended to the task's log file."""
+        path = os.path.join(self.logs_dir, f"{task.name.replace(' ', '-')}.log")
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(f"--- attempt {attempt} ---\n")
+
+        def log(line: str) -> None:
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(line + "\n")
+            self.log_fn(line)
+
+        return log
+
     def _report_progress(self, chief_watch: HeartbeatWatch) -> None:
         now = time.monotonic()
         if self._progress_seen is not None and now - self._progress_seen[0] < PROGRESS_INTERVAL_S:
             return
-        beat = read_heartbeat(chief_watch.path) or {}
+        beat = chief_watch.beat
         step, examples = int(beat.get("step", 0) or 0), int(beat.get("examples", 0) or 0)
         rate = None
         if self._progress_seen is not None and examples >= self._progress_seen[2]:
@@ -280,28 +287,29 @@ class AttemptSupervisor:
         self._progress_seen = (now, step, examples)
         try:
             assert self.on_progress is not None
-            self.on_progress(TrainProgress(step=step, total_steps=self.spec.plan.total_steps, loss=beat.get("loss"),
-                                           examples_per_second=rate))
+            self.on_progress(TrainProgress(step=max(step, 0), total_steps=self.spec.plan.total_steps,
+                                           loss=beat.get("loss"), examples_per_second=rate))
         except Exception:  # a progress display must not stop training
             logger.debug("progress callback failed", exc_info=True)
 
     def _publish_metrics(self, watches: dict[str, HeartbeatWatch]) -> None:
-        """The straggler signal from the heartbeats, and the targets file with every task endpoint found."""
+        """The straggler signal from the heartbeats, and the targets file with every task endpoint announced."""
         assert self.metrics is not None
         steps = {}
         for process in self.processes:
             watch = watches.get(process.task.name)
-            if watch is not None and watch.last_step is not None and watch.last_step >= 0:
+            if watch is not None and watch.last_step >= 0:
                 steps[(process.task.cluster.task_type, process.task.cluster.task_index)] = watch.last_step
         self.metrics.set_lag(steps)
-        self.metrics.write_targets(glob.glob(os.path.join(self.spec.heartbeat_dir, f"*{ENDPOINT_SUFFIX}")))
+        self.metrics.write_targets([w.beat["metrics"] for w in watches.values()
+                                    if isinstance(w.beat.get("metrics"), dict)])
 
     def _hang(self, watches: dict[str, HeartbeatWatch], codes: dict[str, int | None], now: float) -> AttemptOutcome:
         running = {n: w for n, w in watches.items() if codes[n] is None}
         # One silent peer stalls the whole all-reduce, so every task goes quiet at about the same time (and
         # heartbeats are throttled): a stopped process is the culprit when there is one, else the most overdue.
-        pids = {p.task.name: p.popen.pid for p in self.processes}
-        stopped = [n for n in running if is_stopped(pids[n])]
+        by_name = {p.task.name: p for p in self.processes}
+        stopped = [n for n in running if by_name[n].is_stopped()]
         hang_timeout = self.config.train.hang_timeout_s
         name = stopped[0] if stopped else max(running, key=lambda n: running[n].overdue_s(now, hang_timeout))
         watch = running[name]
@@ -333,7 +341,8 @@ class AttemptSupervisor:
             own = [(n, c) for n, c in failures if peer_failure_line(by_name[n].traceback_tail()) is None]
             if own:
                 name, code = own[0]
-                return AttemptOutcome("permanent", cause=f"{name} {describe_exit(code)}", task=name, exit_code=code,
+                return AttemptOutcome("permanent", cause=f"{name} {by_name[name].describe_exit(code)}", task=name,
+                                      exit_code=code,
                                       tail=by_name[name].traceback_tail())
             # Every failure is TensorFlow reporting a lost or silent peer: retryable, and the cause is that peer.
             name, code = failures[0]
@@ -342,7 +351,9 @@ class AttemptSupervisor:
         name, code = next((n, c) for n, c in failures if kinds[n] == "retryable")
         if code == PREEMPTION_EXIT_CODE:
             self._wait_for_peers(PREEMPTION_GRACE_S)
-        return AttemptOutcome("retryable", cause=f"{name} {describe_exit(code)}", task=name, exit_code=code)
+        by_name = {p.task.name: p for p in self.processes}
+        return AttemptOutcome("retryable", cause=f"{name} {by_name[name].describe_exit(code)}", task=name,
+                              exit_code=code)
 
     def _lost_peer_cause(self, failed: str, tail: str) -> str:
         line = peer_failure_line(tail) or "a peer failed"
@@ -350,7 +361,7 @@ class AttemptSupervisor:
         for process in self.processes:
             if process.task.name == failed or process.poll() is not None:
                 continue
-            if is_stopped(process.popen.pid):
+            if process.is_stopped():
                 watch = self._watches.get(process.task.name)
                 where = (f" after step {watch.last_step}" if watch is not None and watch.phase != Phase.STARTING
                          else "")
@@ -379,14 +390,22 @@ class AttemptSupervisor:
             return TrainResult.model_validate_json(handle.read())
 
     def close(self) -> None:
-        """End every process, keep the task logs in `<run_dir>/logs/` (whatever the outcome), empty the Prometheus
-        targets, remove the rest."""
-        self.fence()
-        if self.metrics is not None:
-            self.metrics.close()
+        """End every task and release the group; keep the task logs in `<run_dir>/logs/` (whatever the outcome);
+        empty the Prometheus targets."""
+        try:
+            self.fence()
+        finally:
+            try:
+                self.group.close()
+            finally:
+                if self.metrics is not None:
+                    self.metrics.close()
+                self._keep_logs()
+
+    def _keep_logs(self) -> None:
         try:
             fs, path = storage.get_fs(storage.join(self.spec.run_dir, LOGS_NAME), self.config.storage_options)
             storage.upload_tree(self.logs_dir, fs, path)
         except Exception as error:  # noqa: BLE001 - losing the log copy must not hide how training ended
             logger.warning("task logs not copied to %s/%s: %s", self.spec.run_dir, LOGS_NAME, error)
-        shutil.rmtree(self.work_dir, ignore_errors=True)
+        shutil.rmtree(self.logs_dir, ignore_errors=True)

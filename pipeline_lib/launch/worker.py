@@ -39,8 +39,8 @@ from pipeline_lib.core import storage
 from pipeline_lib.core.errors import UserError
 from pipeline_lib.core.quiet import quiet_python_loggers
 from pipeline_lib.data.manifest import load_manifest
-from pipeline_lib.launch.heartbeat import Heartbeat, heartbeat_name
-from pipeline_lib.launch.prometheus import ENDPOINT_SUFFIX, TaskMetrics
+from pipeline_lib.launch.heartbeat import Heartbeat
+from pipeline_lib.launch.prometheus import TaskMetrics
 from pipeline_lib.launch.spec import (
     FAULT_ENV,
     PARENT_PID_ENV,
@@ -162,9 +162,10 @@ def _create_fault_hooks(spec: WorkerSpec, config: PipelineConfig, cluster: Clust
     return injector
 
 
-def _start_metrics(spec: WorkerSpec, config: PipelineConfig, cluster: ClusterInfo) -> TaskMetrics | None:
-    """This task's Prometheus endpoint (`observability.prometheus_port`), on its own cluster address's host, with
-    its address beside its heartbeat for the supervisor; None when off."""
+def _start_metrics(spec: WorkerSpec, config: PipelineConfig, cluster: ClusterInfo,
+                   heartbeat: Heartbeat | None) -> TaskMetrics | None:
+    """This task's Prometheus endpoint (`observability.prometheus_port`), on its own cluster address's host, told
+    to the supervisor in its heartbeat (which reaches it on any launcher); None when off."""
     port = config.observability.prometheus_port
     if port is None:
         return None
@@ -174,8 +175,8 @@ def _start_metrics(spec: WorkerSpec, config: PipelineConfig, cluster: ClusterInf
             else "127.0.0.1")
     run = os.path.basename(spec.run_dir.rstrip("/"))
     metrics = TaskMetrics(run, cluster.task_type, cluster.task_index, host, port)
-    metrics.write_endpoint(os.path.join(spec.heartbeat_dir, heartbeat_name(cluster).removesuffix(".json")
-                                        + ENDPOINT_SUFFIX))
+    if heartbeat is not None:
+        heartbeat.metrics = metrics.endpoint()
     logger.info("%s: Prometheus metrics on http://%s/metrics", cluster.name, metrics.target)
     return metrics
 
@@ -208,7 +209,7 @@ def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None) -> int:
         # The server blocks inside C++; SIGTERM keeps its default action (exit 143, retryable).
         training.run_server(cluster)
         return 0
-    metrics = _start_metrics(spec, config, cluster)
+    metrics = _start_metrics(spec, config, cluster, heartbeat)
     if config.observability.profiler_port is not None:
         # One port per task, in cluster order (chief, workers, parameter servers) from profiler_port up.
         order = [(t, i) for t in ("chief", "worker", "ps") for i in range(len(cluster.cluster.get(t, ())))]

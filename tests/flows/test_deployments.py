@@ -123,3 +123,26 @@ def test_stack_status_reports_every_service_running(tfdag_stack):
     # The Prefect profile `up` activated is what a plain `prefect` in the user's shell talks to.
     view = prefect_cli(tfdag_stack, "config", "view", api_url=False, timeout=120)
     assert f"PREFECT_API_URL='{tfdag_stack.state.prefect_api_url}'" in view.stdout
+
+
+@pytest.mark.parametrize("name, pool, env_keys", [
+    ("ray-process-pool.yaml", "tfdag-ray", {"RAY_ADDRESS", "MLFLOW_TRACKING_URI"}),
+    ("ray-k8s-work-pool.yaml", "tfdag-k8s", {"RAY_ADDRESS", "MLFLOW_TRACKING_URI"}),
+])
+def test_ray_templates_uncommented_are_valid_prefect_yaml(name, pool, env_keys):
+    lines = (ROOT / "deployments" / name).read_text().splitlines()
+    body = lines[lines.index("# name: tfdag"):]
+    assert all(line.startswith("#") for line in body), "the template stays commented out"
+    model = _load_text("\n".join(line[2:] if line.startswith("# ") else line[1:] for line in body))
+    (deployment,) = model.deployments
+    assert deployment.entrypoint == "flows/pipeline.py:training_pipeline" and deployment.work_pool.name == pool
+    assert set(deployment.work_pool.job_variables["env"]) == env_keys
+
+
+def test_kuberay_template_is_a_raycluster_with_labelled_worker_nodes():
+    manifest = yaml.safe_load((ROOT / "deployments" / "kuberay-cluster.yaml").read_text())
+    assert (manifest["apiVersion"], manifest["kind"]) == ("ray.io/v1", "RayCluster")
+    assert manifest["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    (workers,) = manifest["spec"]["workerGroupSpecs"]
+    assert "tfdag_worker_node" in workers["rayStartParams"]["resources"] and workers["replicas"] >= 3
+    assert workers["template"]["spec"]["containers"][0]["image"].startswith("<registry>")

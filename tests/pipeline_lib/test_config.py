@@ -125,8 +125,6 @@ def test_example_configs_load():
 def test_masked_yaml_hides_secret_keys_and_url_passwords_but_keeps_the_rest():
     from pipeline_lib.config import parse_config
 
-
-
     config = parse_config({
         "name": "masked",
         "data": {"source": "s3://bucket/raw.csv", "label": "y",
@@ -141,3 +139,31 @@ def test_masked_yaml_hides_secret_keys_and_url_passwords_but_keeps_the_rest():
     assert loaded["data"]["storage_options"]["client_kwargs"]["endpoint_url"] == "http://127.0.0.1:9000"
     assert loaded["tracking"]["mlflow_uri"] == "http://alice:***@127.0.0.1:5000"
     assert loaded["name"] == "masked" and loaded["data"]["label"] == "y"
+
+
+def test_train_launcher_ray_section_defaults_and_rules():
+    from pipeline_lib.config import Launcher, RayPlacement, parse_config
+
+    base = {"data": {"source": "x.csv", "label": "y"}}
+    config = parse_config(base)
+    assert config.train.launcher == Launcher.LOCAL
+    assert config.train.ray.placement == RayPlacement.SPREAD and config.train.ray.resources_per_worker == {"CPU": 1.0}
+    ray = parse_config({**base, "train": {"launcher": "ray", "ray": {
+        "address": "127.0.0.2:6379", "resources_per_worker": {"CPU": 1, "memory": 2**30, "node_a": 1},
+        "placement": "pack", "runtime_env": {"env_vars": {"A": "1"}}}}}).train.ray
+    assert ray.resolved_address({}) == "127.0.0.2:6379" and ray.placement == RayPlacement.PACK
+    assert ray.runtime_env == {"env_vars": {"A": "1"}}
+    with pytest.raises(ConfigError, match=r"train\.launcher.*'local', 'ray'|launcher"):
+        parse_config({**base, "train": {"launcher": "k8s"}}, source="digits.yaml")
+    with pytest.raises(ConfigError, match="must be ≥ 0"):
+        parse_config({**base, "train": {"ray": {"resources_per_worker": {"CPU": -1}}}})
+
+
+def test_ray_address_comes_from_the_config_then_ray_address_and_neither_names_both():
+    from pipeline_lib.config import RayConfig
+
+    assert RayConfig().resolved_address({"RAY_ADDRESS": "10.0.0.5:6379"}) == "10.0.0.5:6379"
+    assert RayConfig(address="head:6379").resolved_address({"RAY_ADDRESS": "other:1"}) == "head:6379"
+    with pytest.raises(ConfigError) as error:
+        RayConfig().resolved_address({})
+    assert "neither train.ray.address nor the RAY_ADDRESS environment variable is set" in str(error.value)

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from pipeline_lib.cluster.address import split_address
 from pipeline_lib.cluster.report import ClusterConfigError
 from pipeline_lib.cluster.tf_config import (
     TF_CONFIG_RULES,
     check_tf_config,
-    split_address,
     validate_tf_config,
 )
 from pipeline_lib.config import Strategy
@@ -38,6 +38,19 @@ FAILING = [
      ["cluster.worker[1] ':2223' has no host"]),
     ("address_without_port", tf_config({"worker": ["host-a:2222", 2223]}), MWMS,
      ["cluster.worker[1] is 2223, not a 'host:port' string"]),
+    ("address_not_host_port", tf_config({"worker": ["grpc://host-a:2222", "host-b:2222"]}), MWMS,
+     ["TF_CONFIG of worker 0: cluster.worker[0] 'grpc://host-a:2222' starts with the URL scheme 'grpc://'",
+      "bare host:port, e.g. 'host-a:2222'"]),
+    ("address_not_host_port", tf_config({"worker": ["host-a:2222", " host-b:2222"]}), MWMS,
+     ["cluster.worker[1] ' host-b:2222' contains whitespace; remove it: 'host-b:2222'"]),
+    ("address_not_host_port", tf_config({"worker": ["host-a:2222/train", "host-b:2222"]}), MWMS,
+     ["cluster.worker[0] 'host-a:2222/train' has a path", "e.g. 'host-a:2222'"]),
+    ("address_bad_host", tf_config({"worker": ["host_a:2222", "host-b:2222"]}), MWMS,
+     ["cluster.worker[0] 'host_a:2222' has host 'host_a', which is not a valid hostname", "'[::1]:2222'"]),
+    ("address_bad_host", tf_config({"worker": ["10.0.0.300:2222", "host-b:2222"]}), MWMS,
+     ["has host '10.0.0.300', which is not an IPv4 address"]),
+    ("address_bad_host", tf_config({"worker": ["[fe80::zz]:2222", "host-b:2222"]}), MWMS,
+     ["has [fe80::zz] in brackets, which is not an IPv6 address"]),
     ("port_not_numeric", tf_config({"worker": ["host-a:2222", "host-b:grpc"]}), MWMS,
      ["cluster.worker[1] 'host-b:grpc' has port 'grpc', not a number", "'host-b:2222'"]),
     ("port_out_of_range", tf_config({"worker": ["host-a:0", "host-b:2222"]}), MWMS,
@@ -101,6 +114,7 @@ VALID = [
     (tf_config({"worker": ["[::1]:2222", "[::1]:2223"]}), "multi_worker_mirrored"),
     (tf_config({**TWO_WORKERS, "evaluator": ["host-e:1"]}, task_type="evaluator"), MWMS),
     (tf_config({"worker": ["host-a:2222"]}), Strategy.AUTO),
+    (tf_config({"worker": ["10.0.0.1:2222", "w-1.train.svc.cluster.local:65535"]}), MWMS),
 ]
 
 

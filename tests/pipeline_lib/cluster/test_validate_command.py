@@ -28,6 +28,12 @@ def test_validate_cluster_cli_static_rules(tmp_path):
     assert f"error [duplicate_address]: {path} of worker 3: cluster.worker[1] and cluster.worker[0]" in text
     assert "error [task_index_out_of_range]" in text and "2 error(s)" in text
 
+    url = json.dumps({"cluster": {"worker": ["grpc://h:1", "h:2"]}, "task": {"type": "worker", "index": 1}})
+    out = io.StringIO()
+    assert run_validate_cluster(url, "multi_worker_mirrored", False, None, 5, out, environ={}) == 1
+    assert ("error [address_not_host_port]: --tf-config of worker 1: cluster.worker[0] 'grpc://h:1' starts with the "
+            "URL scheme 'grpc://'; TF_CONFIG takes a bare host:port, e.g. 'h:1'") in out.getvalue()
+
     out = io.StringIO()
     assert run_validate_cluster(None, "multi_worker_mirrored", False, None, 5, out, environ={"TF_CONFIG": good}) == 0
     assert run_validate_cluster(None, "mirrored", False, None, 5, io.StringIO(), environ={"TF_CONFIG": good}) == 0

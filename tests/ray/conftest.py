@@ -1,0 +1,108 @@
+"""A real Ray cluster for the tests: a head and 2 worker nodes on 127.0.0.2 (`flows.ray_stack`, the same cluster
+`tfdag stack up --ray 3` starts), and this process connected to it as the driver.
+
+Every node and the driver use 127.0.0.2 (Ray rewrites 127.0.0.1 and localhost to this machine's network address;
+another loopback address is kept as given), and every node's IP is asserted to be on 127.0.0.0/8. The cluster
+starts after moto's S3 server, so every node's workers inherit the S3 endpoint and its dummy credentials; it is
+stopped at the session's end by killing its own processes (not `ray stop`, which would end every Ray cluster on
+the machine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from tests.pipeline_lib.launch_support import REPO_ROOT
+from tests.s3.conftest import s3, s3_server  # noqa: F401 - the S3 fixtures, shared with tests/s3
+
+RAY_IP = "127.0.0.2"
+WORKER_NODE = "tfdag_worker_node"  # flows.ray_stack.WORKER_NODE: every node but the head
+LABELS = ("node_head", "node_1", "node_2")
+
+
+def _require_ray() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        missing = "Ray is not installed (pip install 'tfdag[ray]', i.e. ray[default])"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{missing}: under CI=true a missing part fails the run")
+        pytest.skip(missing)
+
+
+@dataclasses.dataclass
+class RayCluster:
+    """The running test cluster: its record, and which node carries which label."""
+
+    record: object  # flows.ray_stack.RayClusterRecord
+    node_of_label: dict[str, str]  # label -> node id
+
+    @property
+    def address(self) -> str:
+        return self.record.address
+
+    @property
+    def dashboard_url(self) -> str:
+        return self.record.dashboard_url
+
+    def label_of_node(self, node_id: str) -> str:
+        return next(label for label, node in self.node_of_label.items() if node == node_id)
+
+    def alive_actors(self, name_prefix: str = "tfdag-") -> list:
+        from ray.util.state import list_actors
+
+        return [a for a in list_actors(address=self.dashboard_url, filters=[("state", "=", "ALIVE")], limit=1000)
+                if (a.name or "").startswith(name_prefix)]
+
+    def live_placement_groups(self, name_prefix: str = "tfdag-") -> list:
+        from ray.util.state import list_placement_groups
+
+        return [p for p in list_placement_groups(address=self.dashboard_url, limit=1000)
+                if p.name.startswith(name_prefix) and p.state != "REMOVED"]
+
+    def add_node(self, label: str) -> str:
+        """Start one more worker node with `label` (and WORKER_NODE); returns its node id once it is alive."""
+        from flows import ray_stack
+
+        ray_stack.add_node(self.record, label)
+        nodes = ray_stack.wait_for_nodes(self.record, len(self.node_of_label) + 1)
+        node_id = next(n["node_id"] for n in nodes if label in n["resources_total"])
+        self.node_of_label[label] = node_id
+        return node_id
+
+    def raylet_pid(self, node_id: str) -> int:
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            args = proc.info["cmdline"] or [""]
+            if os.path.basename(args[0]) == "raylet" and f"--node_id={node_id}" in args:
+                return proc.info["pid"]
+        raise LookupError(f"no raylet of node {node_id}")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(s3_server) -> Iterator[RayCluster]:  # noqa: F811 - the imported fixture
+    _require_ray()
+    import ray
+
+    from flows import ray_stack
+
+    env = dict(os.environ)
+    env.update({"PYTHONPATH": os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p),
+                "TFDAG_CACHE_DIR": tempfile.mkdtemp(prefix="tfdag-ray-cache-"), "TF_CPP_MIN_LOG_LEVEL": "2"})
+    record = ray_stack.start_ray_cluster(len(LABELS), env=env)
+    try:
+        nodes = ray_stack.wait_for_nodes(record, len(LABELS))  # asserts every node is on 127.0.0.0/8
+        assert {n["node_ip"] for n in nodes} == {RAY_IP}
+        labels = {label: n["node_id"] for n in nodes for label in LABELS if label in n["resources_total"]}
+        assert sorted(labels) == sorted(LABELS)
+        ray.init(address=record.address, _node_ip_address=RAY_IP, log_to_driver=False, configure_logging=False)
+        yield RayCluster(record=record, node_of_label=labels)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        ray_stack.stop_ray_cluster(record)
