@@ -211,6 +211,7 @@ def _bucket_exists(fs: fsspec.AbstractFileSystem, uri: str) -> bool:
 
 
 def _check_readable(key: str, uri: str, options: dict[str, Any], options_key: str) -> None:
+    fs = None
     try:
         fs, path = get_fs(uri, options)
         found = fs.glob(path) if _has_glob(uri) else ([path] if fs.exists(path) else [])
@@ -221,7 +222,7 @@ def _check_readable(key: str, uri: str, options: dict[str, Any], options_key: st
     except StorageError:
         raise
     except Exception as error:  # every client error becomes one StorageError naming the URI
-        raise _storage_error(error, key, uri, options_key) from error
+        raise _check_failure(error, fs, key, uri, options_key) from error
     if not found:
         raise StorageAccessError(f"{key} ({uri!r}) matches no file; write the data there first (e.g. `tfdag demo-data "
                            f"{uri}`) or fix {key}")
@@ -239,15 +240,21 @@ def _check_writable(key: str, uri: str, options: dict[str, Any], options_key: st
         fs.pipe_file(path, b"tfdag write check\n")
         fs.rm_file(path)
     except Exception as error:  # every client error becomes one StorageError naming the URI
-        # A write into a missing bucket fails with each client's own not-found error: ask the bucket (not after
-        # an outage, where the question would only wait out the client's retries again).
-        if fs is not None and object_store(uri) is not None and not is_transient(error):
-            exists = True
-            with contextlib.suppress(Exception):
-                exists = _bucket_exists(fs, uri)
-            if not exists:
-                raise _missing_bucket(uri, key) from error
-        raise _storage_error(error, key, uri, options_key) from error
+        raise _check_failure(error, fs, key, uri, options_key) from error
+
+
+def _check_failure(error: BaseException, fs: fsspec.AbstractFileSystem | None, key: str, uri: str,
+                   options_key: str) -> StorageError:
+    """The StorageError for a failed check. Each client says "not found" its own way for a missing bucket (or
+    only for the object), so the bucket itself is asked; not after an outage, where asking would only wait out
+    the client's retries again."""
+    if fs is not None and object_store(uri) is not None and not is_transient(error):
+        exists = True
+        with contextlib.suppress(Exception):
+            exists = _bucket_exists(fs, uri)
+        if not exists:
+            return _missing_bucket(uri, key)
+    return _storage_error(error, key, uri, options_key)
 
 
 def check_storage(config: Any) -> tuple[str, ...]:
