@@ -52,7 +52,7 @@ OBJECT_STORES = (
         endpoint="STORAGE_EMULATOR_HOST, or endpoint_url",
         # gcsfs reads a key file it cannot use as a service account as an OAuth user token: KeyError 'refresh_token'
         refused=("invalid credentials", "anonymous caller", "defaultcredentialserror", "refresherror",
-                 "invalid_grant", "refresh_token", "could not deserialize key", "401"),
+                 "invalid_grant", "refresh_token", "could not deserialize key", "unauthorized"),
         missing_bucket=("bucket does not exist",)),
     ObjectStore(
         name="Azure Blob Storage", protocols=("az", "abfs", "abfss", "wasbs", "wasb"), bucket_word="container",
@@ -119,7 +119,7 @@ def mlflow_form(uri: str) -> tuple[str, bool]:
     if not account:
         return uri, False
     container, _, path = uri.split("://", 1)[1].partition("/")
-    return f"wasbs://{container}@{account}.blob.core.windows.net/{path}".rstrip("/"), True
+    return f"wasbs://{container}@{account}.blob.core.windows.net/{path}", True
 
 
 def prepare_client(uri: str) -> None:
@@ -130,39 +130,37 @@ def prepare_client(uri: str) -> None:
         os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 
-
-
-def _chain_text(error: BaseException) -> str:
-    """The types and messages of an error and of the errors it was raised from, lowercased."""
-    parts, seen, current = [], set(), error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        parts.append(f"{type(current).__name__}: {current}")
+def _chain(error: BaseException) -> list[BaseException]:
+    """An error and the errors it was raised from."""
+    chain, current = [], error
+    while current is not None and all(current is not e for e in chain):
+        chain.append(current)
         current = current.__cause__ or current.__context__
-    return " | ".join(parts).lower()
+    return chain
 
 
 def describe_failure(error: BaseException, key: str, uri: str, options_key: str) -> str:
     """Turn a storage client's exception into: what failed, on which URI, and the fix (no secret included)."""
     text = f"{type(error).__name__}: {error}".splitlines()[0]
-    lowered = _chain_text(error)
+    chain = _chain(error)
+    lowered = " | ".join(f"{type(e).__name__}: {e}" for e in chain).lower()
     where = f"{key} ({uri!r})"
     store = object_store(uri)
+    endpoint = store.endpoint if store else "the URI"
+    unreachable = (f"the storage endpoint of {where} cannot be reached ({text}); check {endpoint} in the environment "
+                   f"or {options_key}, and that the server is up")
+    if any(isinstance(e, (ConnectionError, TimeoutError)) for e in chain):
+        return unreachable
     source = store.credentials if store else "the environment"
-    credentials = f"check the credentials: {source}, in {options_key} in the config"
+    credentials = f"check the credentials: {source} (in {options_key} in the config)"
     refused = (*(store.refused if store else ()), *_GENERIC_REFUSED)
     if any(word in lowered for word in refused) or isinstance(error, PermissionError):
         return f"{where} refused the credentials ({text}); {credentials}"
-    missing = tuple(w for w in (store.missing_bucket if store else ()))
-    if any(word in lowered for word in missing):
+    if any(word in lowered for word in (store.missing_bucket if store else ())):
         return missing_bucket_message(uri, key)
     if any(word in lowered for word in _UNREACHABLE):
-        endpoint = store.endpoint if store else "the URI"
-        return (f"the storage endpoint of {where} cannot be reached ({text}); check {endpoint} in the environment "
-                f"or {options_key}, and that the server is up")
+        return unreachable
     return f"{where} cannot be used ({text}); check the URI, the credentials and {options_key}"
-
-
 
 
 def missing_bucket_message(uri: str, key: str) -> str:
