@@ -292,17 +292,18 @@ def check_storage(config: Any) -> tuple[str, ...]:
     return tuple(checked)
 
 
-def mlflow_artifact_uri(uri: str) -> str:
-    """The artifact root to give MLflow for `tracking.artifact_location`: `az://container/path` in MLflow's
-    `wasbs://container@<account>.blob.core.windows.net/path` form, any other URI as it is.
+def mlflow_artifact_uri(uri: str, key: str = "tracking.artifact_location") -> str:
+    """The URI in the form MLflow's own clients understand (an artifact root, a dataset source):
+    `az://container/path` in MLflow's `wasbs://container@<account>.blob.core.windows.net/path` form, any other URI
+    as it is.
 
     Raises:
-        StorageAccessError: for an `az://` URI when the environment names no storage account.
+        StorageAccessError: for an `az://` URI when the environment names no storage account (naming `key`).
     """
     formed, ok = mlflow_form(uri)
     if not ok:
         raise StorageAccessError(
-            f"tracking.artifact_location ({uri!r}) is on Azure, and MLflow needs the storage account's name: set "
+            f"{key} ({uri!r}) is on Azure, and MLflow needs the storage account's name: set "
             "AZURE_STORAGE_CONNECTION_STRING (or AZURE_STORAGE_ACCOUNT_NAME), or write the location as "
             "wasbs://<container>@<account>.blob.core.windows.net/<path>")
     return formed

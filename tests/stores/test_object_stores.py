@@ -154,6 +154,9 @@ def test_digits_pipeline_runs_with_every_uri_on_the_store(store, tmp_path, prefe
     mlflow_keys = [k for k in keys if k.startswith("mlflow/")]
     assert any(k.endswith("evaluation/evaluation.json") or "/evaluation/" in k for k in mlflow_keys), mlflow_keys
     assert [a.path for a in client.list_artifacts(summary.mlflow_run_id, "evaluation")]
+    # The TFRecords on the store are the run's dataset inputs, their source in MLflow's form of the URI.
+    sources = [json.loads(d.dataset.source) for d in mlflow_run.inputs.dataset_inputs]
+    assert sources and all(storage.mlflow_artifact_uri(store.uri("tfdag/data")) in json.dumps(s) for s in sources)
 
     if store.secret is None:
         return
