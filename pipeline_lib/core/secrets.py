@@ -6,14 +6,17 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-SECRET_MARKERS = ("KEY", "SECRET", "TOKEN", "PASSWORD")
+# CONNECTION_STRING: an Azure connection string holds the account key (AZURE_STORAGE_CONNECTION_STRING, adlfs's
+# connection_string); CREDENTIAL: GOOGLE_APPLICATION_CREDENTIALS, azure's credential option.
+SECRET_MARKERS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "CONNECTION_STRING", "CREDENTIAL")
 MASK = "***"
 # scheme://user:password@host — the password part.
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+:)[^/\s@]+@")
 
 
 def is_secret_name(name: str) -> bool:
-    """True for names that look like credentials (they contain KEY, SECRET, TOKEN or PASSWORD, in any case)."""
+    """True for names that look like credentials (they contain KEY, SECRET, TOKEN, PASSWORD, CONNECTION_STRING or
+    CREDENTIAL, in any case)."""
     upper = name.upper()
     return any(marker in upper for marker in SECRET_MARKERS)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -13,7 +14,18 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
-from pipeline_lib.core.errors import TfdagError, TransientError, UserError
+from pipeline_lib.core.errors import TfdagError, TransientError, UserError, is_transient
+from pipeline_lib.core.object_stores import (
+    bucket_of,
+    describe_failure,
+    fsspec_form,
+    missing_bucket_message,
+    mlflow_form,
+    object_store,
+    prepare_client,
+    protocol_of,
+    version_marker,  # noqa: F401  (re-exported: the stages reach every store through this module)
+)
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +73,14 @@ def expand_env(options: Any, where: str = "storage_options") -> Any:
 
 
 def get_fs(uri: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
-    """Return (filesystem, path) for an fsspec URI; plain paths are local files; `${VAR}` options expanded."""
-    return url_to_fs(uri, **expand_env(storage_options or {}))
+    """Return (filesystem, path) for an fsspec URI; plain paths are local files; `${VAR}` options expanded.
+
+    MLflow's Azure artifact form, `wasbs://container@account.blob.core.windows.net/path`, opens as
+    `az://container/path`.
+    """
+    uri, options = fsspec_form(uri, expand_env(storage_options or {}))
+    prepare_client(uri)
+    return url_to_fs(uri, **options)
 
 
 def is_local(uri: str) -> bool:
@@ -79,10 +97,6 @@ def join(uri: str, *parts: str) -> str:
     if is_local(uri):
         return os.path.join(uri, *parts)
     return posixpath.join(uri, *parts)
-
-
-def protocol_of(uri: str) -> str:
-    return uri.split("://", 1)[0] if "://" in uri else "file"
 
 
 def unstrip(fs: fsspec.AbstractFileSystem, path: str, like_uri: str) -> str:
@@ -174,50 +188,41 @@ def _has_glob(uri: str) -> bool:
     return any(c in uri for c in "*?[")
 
 
-def _bucket_of(uri: str) -> str:
-    return uri.split("://", 1)[-1].split("/", 1)[0]
-
-
 def _storage_error(error: BaseException, key: str, uri: str, options_key: str) -> StorageError:
     """Turn a storage client's exception into the StorageError of its kind (access or outage), naming the URI."""
-    message = _describe_failure(error, key, uri, options_key)
+    message = describe_failure(error, key, uri, options_key)
     unreachable = "cannot be reached" in message or isinstance(error, (ConnectionError, TimeoutError))
     if unreachable:
         return StorageUnavailable(message)
     return StorageAccessError(message)
 
 
-def _describe_failure(error: BaseException, key: str, uri: str, options_key: str) -> str:
-    """Turn a storage client's exception into: what failed, on which URI, and the fix (no secret included)."""
-    text = f"{type(error).__name__}: {error}"
-    lowered = text.lower()
-    where = f"{key} ({uri!r})"
-    credentials = (f"check the credentials: the environment (AWS_ACCESS_KEY_ID / AWS_PROFILE, "
-                   f"GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*) or {options_key} in the config")
-    if any(word in lowered for word in ("invalidaccesskeyid", "signaturedoesnotmatch", "accessdenied",
-                                        "access denied", "forbidden", "invalidtoken", "expiredtoken",
-                                        "unable to locate credentials", "nocredentials")) \
-            or isinstance(error, PermissionError):
-        return f"{where} refused the credentials ({text}); {credentials}"
-    if "nosuchbucket" in lowered or "bucket does not exist" in lowered or "specified bucket" in lowered:
-        return (f"the bucket {_bucket_of(uri)!r} of {where} does not exist; create it (e.g. `aws s3 mb "
-                f"s3://{_bucket_of(uri)}`) or fix {key}")
-    if any(word in lowered for word in ("could not connect", "connection refused", "endpointconnectionerror",
-                                        "name or service not known", "timed out", "connecterror")):
-        return (f"the storage endpoint of {where} cannot be reached ({text}); check AWS_ENDPOINT_URL or "
-                f"{options_key} (client_kwargs.endpoint_url) and that the server is up")
-    return f"{where} cannot be used ({text}); check the URI, the credentials and {options_key}"
+def _missing_bucket(uri: str, key: str) -> StorageAccessError:
+    return StorageAccessError(missing_bucket_message(uri, key))
+
+
+def _bucket_exists(fs: fsspec.AbstractFileSystem, uri: str) -> bool:
+    """Whether the bucket (container) of an object-store URI exists; errors other than not-found are raised."""
+    try:
+        fs.ls(bucket_of(uri), detail=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _check_readable(key: str, uri: str, options: dict[str, Any], options_key: str) -> None:
+    fs = None
     try:
         fs, path = get_fs(uri, options)
         found = fs.glob(path) if _has_glob(uri) else ([path] if fs.exists(path) else [])
-        if not found and not is_local(uri):
-            # exists() is False for a missing bucket too: ask the bucket itself for the precise cause.
-            fs.ls(_bucket_of(uri) if protocol_of(uri) in ("s3", "s3a", "gs", "gcs", "az", "abfs") else path)
+        # exists() and glob() find nothing in a missing bucket too (and some clients hide a refused credential
+        # there): ask the bucket itself for the precise cause.
+        if not found and object_store(uri) is not None and not _bucket_exists(fs, uri):
+            raise _missing_bucket(uri, key)
+    except StorageError:
+        raise
     except Exception as error:  # every client error becomes one StorageError naming the URI
-        raise _storage_error(error, key, uri, options_key) from error
+        raise _check_failure(error, fs, key, uri, options_key) from error
     if not found:
         raise StorageAccessError(f"{key} ({uri!r}) matches no file; write the data there first (e.g. `tfdag demo-data "
                            f"{uri}`) or fix {key}")
@@ -227,6 +232,7 @@ def _check_writable(key: str, uri: str, options: dict[str, Any], options_key: st
     import uuid
 
     probe = join(uri, f".tfdag-write-check-{uuid.uuid4().hex[:12]}")
+    fs = None
     try:
         fs, path = get_fs(probe, options)
         if is_local(uri):
@@ -234,7 +240,21 @@ def _check_writable(key: str, uri: str, options: dict[str, Any], options_key: st
         fs.pipe_file(path, b"tfdag write check\n")
         fs.rm_file(path)
     except Exception as error:  # every client error becomes one StorageError naming the URI
-        raise _storage_error(error, key, uri, options_key) from error
+        raise _check_failure(error, fs, key, uri, options_key) from error
+
+
+def _check_failure(error: BaseException, fs: fsspec.AbstractFileSystem | None, key: str, uri: str,
+                   options_key: str) -> StorageError:
+    """The StorageError for a failed check. Each client says "not found" its own way for a missing bucket (or
+    only for the object), so the bucket itself is asked; not after an outage, where asking would only wait out
+    the client's retries again."""
+    if fs is not None and object_store(uri) is not None and not is_transient(error):
+        exists = True
+        with contextlib.suppress(Exception):
+            exists = _bucket_exists(fs, uri)
+        if not exists:
+            return _missing_bucket(uri, key)
+    return _storage_error(error, key, uri, options_key)
 
 
 def check_storage(config: Any) -> tuple[str, ...]:
@@ -242,7 +262,7 @@ def check_storage(config: Any) -> tuple[str, ...]:
 
     `data.source` must match at least one readable file (with `data.storage_options`); `output_root` and
     `tracking.artifact_location` (when set and tracking is enabled) must accept a small write and delete,
-    with the top-level `storage_options` (the artifact location gets them only on the same protocol as
+    with the top-level `storage_options` (the artifact location gets them only on the same object store as
     output_root; MLflow's own client reads its credentials from the environment).
 
     Args:
@@ -262,9 +282,28 @@ def check_storage(config: Any) -> tuple[str, ...]:
     checked.append(config.output_root)
     location = config.tracking.artifact_location
     if config.tracking.enabled and location:
-        same = protocol_of(location) == protocol_of(config.output_root)
+        mlflow_artifact_uri(location)  # MLflow's own form of it can be made
+        same = (object_store(location) or protocol_of(location)) == (object_store(config.output_root)
+                                                                     or protocol_of(config.output_root))
         _check_writable("tracking.artifact_location", location, dict(config.storage_options) if same else {},
                         "storage_options")
         checked.append(location)
     logger.debug("storage check passed for %s", ", ".join(checked))
     return tuple(checked)
+
+
+def mlflow_artifact_uri(uri: str, key: str = "tracking.artifact_location") -> str:
+    """The URI in the form MLflow's own clients understand (an artifact root, a dataset source):
+    `az://container/path` in MLflow's `wasbs://container@<account>.blob.core.windows.net/path` form, any other URI
+    as it is.
+
+    Raises:
+        StorageAccessError: for an `az://` URI when the environment names no storage account (naming `key`).
+    """
+    formed, ok = mlflow_form(uri)
+    if not ok:
+        raise StorageAccessError(
+            f"{key} ({uri!r}) is on Azure, and MLflow needs the storage account's name: set "
+            "AZURE_STORAGE_CONNECTION_STRING (or AZURE_STORAGE_ACCOUNT_NAME), or write the location as "
+            "wasbs://<container>@<account>.blob.core.windows.net/<path>")
+    return formed

@@ -56,14 +56,6 @@ def _suffix_format(path: str) -> tuple[DataFormat | None, str]:
     return EXTENSIONS.get(ext), ext
 
 
-def _version_marker(info: dict[str, Any]) -> str | None:
-    for key in ("ETag", "etag", "md5Hash", "generation", "mtime", "LastModified", "last_modified", "created"):
-        value = info.get(key)
-        if value is not None:
-            return str(value)
-    return None
-
-
 def list_source(data: DataConfig) -> tuple[Any, list[ListedFile]]:
     """The files `data.source` names (a file, a directory or a glob), sorted, with their formats.
 
@@ -125,7 +117,7 @@ def list_source(data: DataConfig) -> tuple[Any, list[ListedFile]]:
             raise
         files.append(
             ListedFile(uri=uri, path=file_path, format=fmt,
-                       info=SourceFile(path=uri, size=int(info.get("size") or 0), mtime=_version_marker(info)))
+                       info=SourceFile(path=uri, size=int(info.get("size") or 0), mtime=storage.version_marker(info)))
         )
     return fs, files
 

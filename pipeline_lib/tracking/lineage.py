@@ -90,7 +90,8 @@ def manifest_datasets(manifest: Manifest, name: str) -> list[tuple[Any, str]]:
         local = [s for s in get_registered_sources() if s._get_source_type() == "local"]
         source = local[-1](storage.local_path(uri))
     else:
-        source = resolve_dataset_source(uri)
+        # MLflow's Azure source knows only its wasbs:// form of an az:// URI.
+        source = resolve_dataset_source(storage.mlflow_artifact_uri(uri, "output_root"))
     datasets = []
     for split, context in SPLIT_CONTEXTS.items():
         rows = manifest.num_records(split)

@@ -55,7 +55,8 @@ def _get_or_create_experiment(client, config: PipelineConfig) -> str:
     name = config.tracking.experiment
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
-        location = config.tracking.artifact_location or _default_artifact_location(config.mlflow_uri)
+        location = (storage.mlflow_artifact_uri(config.tracking.artifact_location) if config.tracking.artifact_location
+                    else _default_artifact_location(config.mlflow_uri))
         try:
             return client.create_experiment(name, artifact_location=location,
                                             tags={lineage.EXPERIMENT_KIND_TAG: lineage.MODEL_TRAINING_KIND})

@@ -1,4 +1,7 @@
-"""The pipeline's storage on a real S3 API (moto server + s3fs): checks, staging, publishing, restore, export."""
+"""The pipeline's storage on a real S3 API (moto server + s3fs): staging, publishing, restore, export, launched workers.
+
+The checks, fingerprints and the whole pipeline run on every store: test_object_stores.py.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +14,11 @@ import pytest
 from pipeline_lib.checkpoints import manifests, run_storage
 from pipeline_lib.config import parse_config
 from pipeline_lib.core import storage
-from pipeline_lib.data import demo as demo_data
 from pipeline_lib.data.convert import convert
 from pipeline_lib.data.manifest import load_manifest
 from pipeline_lib.training import staging
 from tests.conftest import make_plan, write_dataset
-from tests.s3.conftest import ACCESS_KEY, BUCKET, SECRET_KEY
+from tests.stores.conftest import ACCESS_KEY, BUCKET, SECRET_KEY
 
 ROOT = f"s3://{BUCKET}/out"
 
@@ -41,58 +43,6 @@ def _upload_dataset(s3, tmp_path, num_train_shards: int = 2):
     for shard in local.shards:
         s3.fs.put_file(os.path.join(local.dataset_uri, shard.path), f"{uri.removeprefix('s3://')}/{shard.path}")
     return local.model_copy(update={"dataset_uri": uri})
-
-
-# ---------------------------------------------------------------- storage checks, before any training
-
-
-def test_check_storage_passes_for_every_uri_on_s3(s3):
-    s3.fs.pipe_file(f"{BUCKET}/raw/digits.csv", b"a,label\n1,0\n")
-    checked = storage.check_storage(_config())
-    assert checked == (f"s3://{BUCKET}/raw/*.csv", ROOT, f"s3://{BUCKET}/mlflow")
-    # The write probes leave nothing behind.
-    assert s3.keys() == ["raw/digits.csv"]
-
-
-def test_a_missing_bucket_is_named_before_training(s3):
-    s3.fs.pipe_file(f"{BUCKET}/raw/digits.csv", b"a,label\n1,0\n")
-    with pytest.raises(storage.StorageError) as caught:
-        storage.check_storage(_config(output_root="s3://no-such-bucket/out"))
-    message = str(caught.value)
-    assert "output_root ('s3://no-such-bucket/out')" in message and "'no-such-bucket'" in message
-    assert "does not exist" in message
-
-
-def test_a_source_that_matches_nothing_is_named(s3):
-    with pytest.raises(storage.StorageError, match=r"data.source \('s3://tfdag-demo/raw/\*.csv'\) matches no file"):
-        storage.check_storage(_config())
-
-
-def test_wrong_credentials_are_named_without_the_secret(s3, monkeypatch):
-    import boto3
-    from moto import settings
-
-    s3.fs.pipe_file(f"{BUCKET}/raw/digits.csv", b"a,label\n1,0\n")
-    iam = boto3.client("iam")
-    iam.create_user(UserName="tfdag")
-    iam.put_user_policy(UserName="tfdag", PolicyName="s3", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
-    good = iam.create_access_key(UserName="tfdag")["AccessKey"]
-    # From here on the server checks every request's signature against its IAM users.
-    monkeypatch.setattr(settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
-    options = {"key": good["AccessKeyId"], "secret": good["SecretAccessKey"]}
-    storage.check_storage(_config(storage_options=options, data={"source": f"s3://{BUCKET}/raw/*.csv",
-                                                                 "label": "label", "storage_options": options}))
-    wrong = {"key": "AKIAWRONGWRONGWRONG1", "secret": "not-the-secret-value-xyz"}
-    bad = _config(data={"source": f"s3://{BUCKET}/raw/*.csv", "label": "label", "storage_options": wrong})
-    with pytest.raises(storage.StorageError) as caught:
-        storage.check_storage(bad)
-    message = str(caught.value)
-    assert f"data.source ('s3://{BUCKET}/raw/*.csv') refused the credentials" in message
-    assert "data.storage_options" in message and wrong["secret"] not in message
-    with pytest.raises(storage.StorageError, match=r"output_root \('s3://tfdag-demo/out'\) refused"):
-        storage.check_storage(_config(storage_options=wrong, data={"source": f"s3://{BUCKET}/raw/*.csv",
-                                                                   "label": "label", "storage_options": options}))
 
 
 # ---------------------------------------------------------------- staging, training, publishing, restore
@@ -220,54 +170,6 @@ def test_conversion_writes_shards_and_manifest_to_s3(s3, tmp_path):
         assert key in keys
         assert storage.sha256_file(s3.fs, f"{BUCKET}/{key}") == shard.sha256
     assert manifest.num_records("train") + manifest.num_records("eval") == 400
-
-
-@pytest.mark.slow
-def test_digits_pipeline_runs_with_every_uri_on_s3(s3, tmp_path, monkeypatch, prefect_api, caplog):
-    import yaml
-    from mlflow import MlflowClient
-    from prefect.client.orchestration import get_client
-
-    from flows.pipeline import training_pipeline
-
-    caplog.set_level(logging.INFO)
-    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "digits_s3.yaml")
-    with open(example) as handle:
-        values = yaml.safe_load(handle)
-    # Keep the run tiny; every URI stays as the example has it, on s3://tfdag-demo/. The credentials also
-    # go in through storage_options, to prove they never reach MLflow, Prefect or the logs.
-    values["train"].update({"steps": 4, "checkpoint_every_steps": 2, "log_every_steps": 2})
-    values["tracking"]["mlflow_uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    secret_options = {"key": ACCESS_KEY, "secret": SECRET_KEY}
-    values["storage_options"] = secret_options
-    values["data"]["storage_options"] = secret_options
-    config = parse_config(values, source="digits_s3.yaml")
-    demo_data.write_digits_csv(config.data.source, config.data.storage_options)
-    storage.check_storage(config)
-    summary = training_pipeline(config)
-
-    keys = s3.keys()
-    run = summary.run_dir.removeprefix(f"s3://{BUCKET}/")
-    assert run.startswith("tfdag/runs/")
-    assert f"tfdag/data/{summary.data_fingerprint}/manifest.json" in keys
-    assert any(k.startswith(f"tfdag/data/{summary.data_fingerprint}/train/") for k in keys)
-    assert f"{run}/export/export_manifest.json" in keys and f"{run}/export/model.keras" in keys
-    assert any(k.startswith(f"{run}/checkpoints/") and k.endswith(".manifest.json") for k in keys)
-    assert any(k.startswith(f"{run}/tensorboard/") for k in keys)
-    assert any(k.startswith("mlflow/") for k in keys), "MLflow artifacts are on S3"
-    assert 0.0 <= summary.metrics["accuracy"] <= 1.0
-
-    # No secret in MLflow params or tags, in Prefect artifacts, in the logs, or in any text object written.
-    run_data = MlflowClient(tracking_uri=config.mlflow_uri).get_run(summary.mlflow_run_id).data
-    for name, value in {**run_data.params, **run_data.tags}.items():
-        assert SECRET_KEY not in str(value), name
-    with get_client(sync_client=True) as client:
-        for artifact in client.read_artifacts():
-            assert SECRET_KEY not in json.dumps(artifact.data, default=str), artifact.key
-    assert SECRET_KEY not in caplog.text
-    for key in keys:
-        if key.endswith((".json", ".md", ".txt", ".yaml", ".csv")) and "raw/" not in key:
-            assert SECRET_KEY not in s3.fs.cat_file(f"{BUCKET}/{key}").decode(errors="replace"), key
 
 
 @pytest.mark.slow
