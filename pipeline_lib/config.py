@@ -45,17 +45,13 @@ class OnBadRecord(str, enum.Enum):
     SKIP = "skip"
 
 
-class MissingPolicy(str, enum.Enum):
-    """`data.missing`: what a missing feature value does."""
-
+class MissingPolicy(str, enum.Enum):  # `data.missing`: what a missing feature value does
     FAIL = "fail"  # conversion stops, naming the file, line and column
     SKIP = "skip"  # the row is dropped and counted with the bad records
     IMPUTE = "impute"  # the value is filled in inside the model (numbers) or becomes out-of-vocabulary (strings)
 
 
-class ImputeWith(str, enum.Enum):
-    """`data.impute_with`: the value a missing number is filled with, from the train split's statistics."""
-
+class ImputeWith(str, enum.Enum):  # `data.impute_with`, from the train split's statistics
     MEAN = "mean"
     MEDIAN = "median"
     CONSTANT = "constant"  # data.impute_value
@@ -152,9 +148,7 @@ class ColumnMissingConfig(_Frozen):
     missing_indicator: bool | None = None
 
 
-class ColumnMissing(_Frozen):
-    """The missing-value settings that apply to one column, overrides resolved."""
-
+class ColumnMissing(_Frozen):  # the settings that apply to one column, overrides resolved
     missing: MissingPolicy
     impute_with: ImputeWith
     impute_value: float
@@ -193,10 +187,8 @@ class DataConfig(_Frozen):
     @model_validator(mode="after")
     def _missing_label(self) -> DataConfig:
         if self.label in self.missing_columns:
-            raise ValueError(
-                f"missing_columns names the label {self.label!r}; a missing label is never imputed: it is a bad "
-                "record (data.on_bad_record decides); remove it from missing_columns"
-            )
+            raise ValueError(f"missing_columns names the label {self.label!r}; a missing label is never imputed "
+                             "but a bad record (data.on_bad_record decides); remove it from missing_columns")
         return self
 
     @field_validator("source")
@@ -319,9 +311,7 @@ class TrackingConfig(_Frozen):
     enabled: bool = True
 
 
-class DriftConfig(_Frozen):
-    """`validation.drift`: distance thresholds between this data's train split and the baseline's."""
-
+class DriftConfig(_Frozen):  # `validation.drift`: thresholds between this train split and the baseline's
     jensen_shannon: float = Field(0.1, gt=0.0, le=1.0)  # numeric features (base-2 Jensen-Shannon divergence)
     l_infinity: float = Field(0.1, gt=0.0, le=1.0)  # string features (largest change of one value's share)
 
