@@ -76,6 +76,7 @@ def _scan_vocabulary(fs, files: Sequence[ListedFile], data: DataConfig, label_ty
             column = coerce(chunk.columns[data.label], label_type, source.format)
             good = column.values.filter(pa.array(~column.bad)) if column.bad.any() else column.values
             values.update(v.decode("utf-8", "surrogateescape") for v in pc.unique(good).to_pylist())
+    values.discard("")  # an empty label is missing: a bad record, not a class
     return sorted(values)
 
 

@@ -64,6 +64,12 @@ def _fill(column: Column, ctype: ColumnType, mask: np.ndarray) -> Column:
     return Column(values, bad, reasons)
 
 
+def _mark(column: Column, mask: np.ndarray) -> None:
+    for row in np.flatnonzero(mask & ~column.bad).tolist():  # empty strings: not bad until now
+        column.bad[row] = True
+        column.reasons[row] = ("", MISSING_REASON)
+
+
 def apply_missing(data: DataConfig, types: dict[str, ColumnType], columns: dict[str, Column],
                   num_rows: int) -> MissingRows:
     """Impute, or mark to skip or fail, the missing values of every scalar feature of one chunk, in place.
@@ -73,19 +79,19 @@ def apply_missing(data: DataConfig, types: dict[str, ColumnType], columns: dict[
     rows = MissingRows(np.zeros(num_rows, dtype=bool), np.zeros(num_rows, dtype=bool))
     for name in list(columns):
         ctype = types[name]
-        if name == data.label or ctype.shape:
+        if ctype.shape:
             continue
         mask = _missing_mask(columns[name], ctype, num_rows)
         if not mask.any():
+            continue
+        if name == data.label:  # an empty string label is missing too: a bad record, never a class
+            _mark(columns[name], mask)
             continue
         policy = data.missing_for(name).missing
         if policy == MissingPolicy.IMPUTE:
             columns[name] = _fill(columns[name], ctype, mask)
             continue
-        column = columns[name]
-        for row in np.flatnonzero(mask & ~column.bad).tolist():  # empty strings: not bad until now
-            column.bad[row] = True
-            column.reasons[row] = ("", MISSING_REASON)
+        _mark(columns[name], mask)
         (rows.fail if policy == MissingPolicy.FAIL else rows.skip)[mask] = True
     return rows
 
