@@ -141,6 +141,9 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
         run_id = progress.mlflow_run_id = stages.start_tracking_run(config, run_name, tags)
     progress("convert_to_tfrecords")
     manifest = stages.convert_to_tfrecords(config)
+    if config.validation.enabled:
+        progress("validate_data")
+        stages.validate_data(config, manifest, run_id)
     progress("validate_cluster")
     cluster_report = stages.validate_cluster(config)
     progress("plan_shards")

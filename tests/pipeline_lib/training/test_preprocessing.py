@@ -19,8 +19,6 @@ from pipeline_lib.training import loop as training
 from tests.pipeline_lib.data.conversion_support import read_all
 from tests.pipeline_lib.data.wine_support import WINE_CLASSES, wine_frame, write_wine_csv
 
-pytestmark = pytest.mark.slow
-
 
 def _config(root, source, **model):
     # The default data, model and train sections (5 epochs: 20 steps of 32 rows).
