@@ -177,6 +177,7 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
     finally:
         first_chunks.close()
         writes.close()
+        stats.statistics.close()
         shutil.rmtree(staging_dir, ignore_errors=True)
     logger.info(
         "convert | rows: train %d, eval %d | shards: train %d, eval %d | bad rows: %d | %s",
@@ -235,8 +236,7 @@ def _convert_chunk(chunk: RawChunk, fmt: DataFormat, data: DataConfig, features:
     to_eval = eval_mask(hashes, data.split.eval_fraction)
     # Encoded eval rows first, then train rows (each in source order): the split costs no copy of the records.
     eval_rows = np.flatnonzero(to_eval)
-    _add_statistics(stats.statistics, {name: values[name] for name in [*features, data.label]}, to_eval,
-                    len(eval_rows))
+    stats.statistics.submit({name: values[name] for name in [*features, data.label]}, to_eval, len(eval_rows))
     order = np.concatenate([eval_rows, np.flatnonzero(~to_eval)])
     encoded = {**{name: values[name] for name in features}, data.label: encoded_label}
     stats.layouts.add(record_layout(encoded))
@@ -246,17 +246,3 @@ def _convert_chunk(chunk: RawChunk, fmt: DataFormat, data: DataConfig, features:
     stats.num_rows["eval"] += num_eval
     stats.num_rows["train"] += num_rows - num_eval
 
-
-def _add_statistics(statistics: StatisticsBuilder, columns: dict[str, object], to_eval: np.ndarray,
-                    num_eval: int) -> None:
-    """Add the chunk's rows to the statistics of their split (the label as read: class names, not indices)."""
-    num_rows = len(to_eval)
-    if num_eval in (0, num_rows):
-        statistics.add("eval" if num_eval else "train", columns, num_rows)
-        return
-    mask = pa.array(to_eval)
-    inverse = pa.array(~to_eval)
-    for split, rows, arrow_rows, count in (("eval", to_eval, mask, num_eval),
-                                            ("train", ~to_eval, inverse, num_rows - num_eval)):
-        statistics.add(split, {name: v[rows] if isinstance(v, np.ndarray) else v.filter(arrow_rows)
-                               for name, v in columns.items()}, count)
