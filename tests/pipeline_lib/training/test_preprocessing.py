@@ -147,3 +147,18 @@ def test_a_missing_label_is_never_imputed(tmp_path):
     assert manifest.num_bad_records == 4
     assert manifest.num_records("train") + manifest.num_records("eval") == len(wine_frame()[1]) - 4
     assert manifest.feature_schema.label_vocabulary == WINE_CLASSES
+
+
+def test_missing_indicators_are_inputs_of_the_model(tmp_path):
+    source = write_wine_csv(tmp_path / "wine.csv", missing_rate=0.05)
+    config = parse_config({"data": {"source": source, "label": "cultivar", "missing_indicator": True,
+                                    "missing_columns": {"ash": {"missing_indicator": False}}}})
+    manifest = convert(config.data, str(tmp_path / "out"))
+    model = models.create_model(config.model, manifest.feature_schema, load_statistics(manifest))
+    indicators = model.get_layer("missing_indicators")
+    _values, _target, names = wine_frame()
+    assert indicators.columns == [i for i, n in enumerate(names) if n != "ash"]
+    row = np.full((1, len(names)), 1.0, np.float32)
+    row[0, names.index("proline")] = np.nan
+    flags = keras.Model(model.inputs, indicators.output)({"numeric": row, "cellar": np.array([[b"north"]])})
+    assert np.asarray(flags).tolist() == [[1.0 if n == "proline" else 0.0 for n in names if n != "ash"]]
