@@ -179,7 +179,7 @@ def _convert_seconds(data, output_root: str):
 def _convert_without_statistics_seconds(data, output_root: str):
     """`_convert_seconds` with the statistics of the conversion pass switched off: what conversion cost before
     them (statistics.json is still written, from no rows)."""
-    from pipeline_lib.data.statistics import StatisticsBuilder
+    from pipeline_lib.data.accumulators import StatisticsBuilder
 
     submit = StatisticsBuilder.submit
     StatisticsBuilder.submit = lambda *args, **kwargs: None

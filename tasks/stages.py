@@ -20,8 +20,8 @@ from pipeline_lib.cluster import check as cluster_check
 from pipeline_lib.cluster.report import ClusterReport
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
-from pipeline_lib.data.convert import convert
 from pipeline_lib.data import statistics_report
+from pipeline_lib.data.convert import convert
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.data.statistics import load_statistics
 from pipeline_lib.data.validation import ValidationReport

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from pipeline_lib.config import Compression, DataConfig, DataFormat
 from pipeline_lib.core import storage
+from pipeline_lib.data.accumulators import StatisticsBuilder
 from pipeline_lib.data.bad_records import BadRecords
 from pipeline_lib.data.coercion import Column, coerce
 from pipeline_lib.data.errors import ConversionError
@@ -46,7 +47,6 @@ from pipeline_lib.data.sources import (
     list_source,
 )
 from pipeline_lib.data.split import eval_mask, hashed_columns, split_hash
-from pipeline_lib.data.statistics import StatisticsBuilder
 
 logger = logging.getLogger(__name__)
 

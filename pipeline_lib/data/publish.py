@@ -24,7 +24,11 @@ from pipeline_lib.data.manifest import (
     load_manifest,
 )
 from pipeline_lib.data.shard_writer import SPLITS, StagedShard
-from pipeline_lib.data.statistics import STATISTICS_NAME, DatasetStatistics, statistics_bytes
+from pipeline_lib.data.statistics import (
+    STATISTICS_NAME,
+    DatasetStatistics,
+    statistics_bytes,
+)
 
 logger = logging.getLogger(__name__)
 

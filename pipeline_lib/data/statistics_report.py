@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import io
 
-from pipeline_lib.data.statistics import DatasetStatistics, FeatureStatistics, bucket_value
+from pipeline_lib.data.statistics import (
+    DatasetStatistics,
+    FeatureStatistics,
+    bucket_value,
+)
 
 NUM_HISTOGRAM_BINS = 30
 

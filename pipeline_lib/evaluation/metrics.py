@@ -16,8 +16,11 @@ from pipeline_lib.config import PipelineConfig, Task
 from pipeline_lib.core import storage
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.evaluation.report import EvalReport, EvaluationError
-from pipeline_lib.training import input_pipeline, staging
-from pipeline_lib.training import preprocessing  # noqa: F401  (registers the layers load_model needs)
+from pipeline_lib.training import (
+    input_pipeline,
+    preprocessing,  # noqa: F401  (registers the layers load_model needs)
+    staging,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,11 @@ from pipeline_lib.training.input_pipeline import (
     feature_width,
     input_signature,
 )
-from pipeline_lib.training.preprocessing import numeric_block, preprocess_inputs, string_blocks
+from pipeline_lib.training.preprocessing import (
+    numeric_block,
+    preprocess_inputs,
+    string_blocks,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,11 @@ from keras import ops
 
 from pipeline_lib.data.manifest import DType, FeatureSpec, Schema
 from pipeline_lib.data.statistics import DatasetStatistics
-from pipeline_lib.training.input_pipeline import NUMERIC_KEY, numeric_features, string_features
+from pipeline_lib.training.input_pipeline import (
+    NUMERIC_KEY,
+    numeric_features,
+    string_features,
+)
 
 DEFAULT_HASH_BINS = 1000
 DEFAULT_EMBEDDING_DIM = 8

@@ -1,4 +1,4 @@
-"""Tests for pipeline_lib.data.statistics: the conversion pass's statistics equal numpy's and merge exactly."""
+"""Tests for pipeline_lib.data.statistics and accumulators: the conversion pass's statistics equal numpy's and merge exactly."""
 
 from __future__ import annotations
 
@@ -10,12 +10,17 @@ import pytest
 
 from pipeline_lib.config import DataConfig
 from pipeline_lib.core import storage
+from pipeline_lib.data import accumulators
 from pipeline_lib.data import statistics as stats_lib
 from pipeline_lib.data.convert import convert
 from pipeline_lib.data.manifest import MANIFEST_NAME
 from pipeline_lib.data.statistics import STATISTICS_NAME, load_statistics
 from tests.pipeline_lib.data.conversion_support import read_all
-from tests.pipeline_lib.data.wine_support import WINE_CLASSES, wine_frame, write_wine_csv
+from tests.pipeline_lib.data.wine_support import (
+    WINE_CLASSES,
+    wine_frame,
+    write_wine_csv,
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +63,7 @@ def test_numeric_statistics_equal_numpys_on_the_same_rows(wine):
 
 
 def test_string_statistics_count_values_and_missing_cells(wine):
-    root, _source, manifest = wine
+    _root, _source, manifest = wine
     statistics = load_statistics(manifest)
     rows = read_all(manifest, "train")
     cellar = [v.decode() for v in rows["cellar"].tolist()]
@@ -97,7 +102,7 @@ def test_statistics_merge_exactly_across_chunks_and_splits(wine, tmp_path):
 
 
 def test_accumulator_handles_ints_vectors_negatives_and_missing_markers():
-    accumulator = stats_lib.NumericAccumulator()
+    accumulator = accumulators.NumericAccumulator()
     accumulator.add(np.array([3, -2, stats_lib.MISSING_INT64, 7], dtype=np.int64))
     accumulator.add(np.array([[1.5, np.nan], [-0.25, 4.0]], dtype=np.float32))
     result = accumulator.result()
@@ -105,6 +110,6 @@ def test_accumulator_handles_ints_vectors_negatives_and_missing_markers():
     assert (result.count, result.missing) == (6, 2)
     assert result.mean == pytest.approx(present.mean()) and result.variance == pytest.approx(present.var())
     assert sum(result.sketch.values()) == 6 and result.quantile(0.0) == -2 and result.quantile(1.0) == 7
-    strings = stats_lib.StringAccumulator()
+    strings = accumulators.StringAccumulator()
     strings.add(pa.array([b"a", b"", b"b", b"a", None], pa.binary()))
     assert strings.result().values == {"a": 2, "b": 1} and strings.result().missing == 2

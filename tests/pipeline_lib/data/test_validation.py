@@ -8,7 +8,11 @@ from pipeline_lib.config import DataConfig, ValidationConfig
 from pipeline_lib.data.convert import convert
 from pipeline_lib.data.manifest import DType
 from pipeline_lib.data.statistics import load_statistics
-from pipeline_lib.data.validation import DataValidationError, jensen_shannon, validate_statistics
+from pipeline_lib.data.validation import (
+    DataValidationError,
+    jensen_shannon,
+    validate_statistics,
+)
 from tests.pipeline_lib.data.wine_support import write_wine_csv
 
 

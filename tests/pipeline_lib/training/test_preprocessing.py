@@ -17,7 +17,11 @@ from pipeline_lib.planning import sharding
 from pipeline_lib.training import input_pipeline, models, preprocessing
 from pipeline_lib.training import loop as training
 from tests.pipeline_lib.data.conversion_support import read_all
-from tests.pipeline_lib.data.wine_support import WINE_CLASSES, wine_frame, write_wine_csv
+from tests.pipeline_lib.data.wine_support import (
+    WINE_CLASSES,
+    wine_frame,
+    write_wine_csv,
+)
 
 
 def _config(root, source, **model):
@@ -64,7 +68,7 @@ def test_default_mlp_reaches_a_standardized_logistic_regression(trained):
 
 
 def test_the_model_holds_imputation_normalization_and_a_vocabulary(trained):
-    config, manifest, export = trained
+    _config, manifest, export = trained
     model = keras.saving.load_model(export.keras_path, compile=False)
     layers = {layer.name: layer for layer in model.layers}
     assert isinstance(layers["impute"], preprocessing.Impute)
@@ -95,7 +99,6 @@ def test_exported_saved_model_on_raw_rows_matches_training_time_predictions(trai
     (logits,) = outputs.values()
     np.testing.assert_allclose(logits.numpy(), expected, rtol=1e-5, atol=1e-5)
     # A hand-written raw row: original units, a missing number, an unseen and a missing string.
-    _values, _target, names = wine_frame()
     row = np.array([[13.2, np.nan, 2.4, 19.0, 100.0, 2.3, 2.0, 0.36, 1.6, 5.1, 0.95, 2.6, 750.0]], np.float32)
     for cellar in (b"annex", b""):
         raw = {"numeric": tf.constant(row), "cellar": tf.constant([[cellar]])}
@@ -114,7 +117,7 @@ def test_normalize_false_keeps_raw_numbers_and_hashed_strings(trained, tmp_path)
 
 
 def test_custom_factories_receive_the_statistics(trained, tmp_path, monkeypatch):
-    _config_, manifest, _export = trained
+    _config, manifest, _export = trained
     (tmp_path / "stats_factory.py").write_text(
         "import keras\n"
         "from pipeline_lib.training import models, preprocessing\n"
