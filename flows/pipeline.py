@@ -14,8 +14,10 @@ from pydantic import BaseModel, ConfigDict
 from pipeline_lib.config import PipelineConfig, resolve_config
 from pipeline_lib.core import runs, storage
 from pipeline_lib.data import demo as demo_data
+from pipeline_lib.data.statistics import load_statistics
 from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.planning import sharding
+from pipeline_lib.tracking.baseline import baseline_artifacts
 from pipeline_lib.tracking.params import pipeline_params
 from pipeline_lib.tracking.run import RunStatus
 from pipeline_lib.training import strategy
@@ -180,6 +182,10 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
             "tensorboard": train_result.tensorboard_dir,
         }
         artifacts.update(_preflight_artifacts(run_dir))
+        if not config.validation.enabled:  # validate_data logs them otherwise; they make this run a baseline
+            statistics = load_statistics(manifest, config.storage_options)
+            if statistics is not None:
+                artifacts.update(baseline_artifacts(manifest.feature_schema, statistics))
         if train_result.restarts:
             artifacts["training/restarts.txt"] = "".join(f"{r.describe()}\n" for r in train_result.restarts)
         version = stages.track(config, run_id, params, artifacts, report, decision, export, manifest, tags)

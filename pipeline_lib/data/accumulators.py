@@ -140,6 +140,9 @@ class StringAccumulator:
             values = pa.array([v.encode() if isinstance(v, str) else v for v in np.asarray(values).tolist()],
                               pa.binary())
         counts = pc.value_counts(values)
+        if self.truncated:  # a high-cardinality column: count the tracked values only, without a Python loop
+            self._add_tracked(values, counts)
+            return
         keys = counts.field("values").to_pylist()
         numbers = counts.field("counts").to_numpy(zero_copy_only=False).tolist()
         for key, number in zip(keys, numbers):
@@ -150,6 +153,21 @@ class StringAccumulator:
             text = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
             self.values[text] = self.values.get(text, 0) + number
         self._trim()
+
+    def _add_tracked(self, values: pa.Array, counts: pa.StructArray) -> None:
+        missing = int(values.null_count) + int(pc.sum(pc.equal(pc.binary_length(values), 0)).as_py() or 0)
+        self.missing += missing
+        self.count += len(values) - missing
+        tracked = list(self.values)
+        value_set = pa.array([t.encode("utf-8") for t in tracked], pa.binary())
+        where = pc.index_in(pc.cast(counts.field("values"), pa.binary()), value_set=value_set)
+        found = where.is_valid().to_numpy(zero_copy_only=False)
+        if found.any():
+            indices = where.to_numpy(zero_copy_only=False)[found].astype(np.int64)
+            numbers = counts.field("counts").to_numpy(zero_copy_only=False)[found]
+            added = np.bincount(indices, weights=numbers, minlength=len(tracked))
+            for index in np.flatnonzero(added).tolist():
+                self.values[tracked[index]] += int(added[index])
 
     def _trim(self) -> None:
         self.values, cut = most_frequent(self.values)

@@ -113,3 +113,13 @@ def test_accumulator_handles_ints_vectors_negatives_and_missing_markers():
     strings = accumulators.StringAccumulator()
     strings.add(pa.array([b"a", b"", b"b", b"a", None], pa.binary()))
     assert strings.result().values == {"a": 2, "b": 1} and strings.result().missing == 2
+
+
+def test_a_high_cardinality_string_column_keeps_its_most_frequent_values(monkeypatch):
+    monkeypatch.setattr(stats_lib, "MAX_TRACKED_VALUES", 5)
+    strings = accumulators.StringAccumulator()
+    strings.add(pa.array([b"a", b"a", b"b", b"c", b"d", b"e", b"f", b"", None], pa.binary()))
+    strings.add(pa.array([b"a", b"z", b"b", b""], pa.binary()))  # after the cut: only tracked values are counted
+    result = strings.result()
+    assert result.truncated and (result.count, result.missing) == (10, 3)
+    assert result.values == {"a": 3, "b": 2, "c": 1, "d": 1, "e": 1}
