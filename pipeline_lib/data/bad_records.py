@@ -47,8 +47,8 @@ class BadRecords:
             columns: the chunk's coerced columns, with each bad value's reason.
             bad: per row, whether any column of it was bad.
             fail: rows that fail whatever `on_bad_record` says (a missing value under `data.missing: fail`).
-            skip: rows skipped whatever `on_bad_record` says (a missing value under `data.missing: skip`), unless
-                another column of the row is bad too.
+            skip: rows skipped whatever `on_bad_record` says: bad only for missing values under
+                `data.missing: skip`.
 
         Raises:
             ConversionError: with `on_bad_record: fail`, naming the file, line or row, column and value.
@@ -58,13 +58,7 @@ class BadRecords:
             problems.append((position, _bad_message(chunk, position, None, None, why)))
         rows = np.flatnonzero(bad)
         if self.on_bad_record == OnBadRecord.FAIL:
-            failing = bad.copy()
-            if skip is not None and skip.any():
-                # A row skipped for a missing value fails only when another of its values is bad.
-                other = np.zeros_like(bad)
-                for column in columns.values():
-                    other |= column.bad & ~(skip & _missing_rows(column, len(bad)))
-                failing = other | (fail if fail is not None else False)
+            failing = bad & ~skip if skip is not None else bad
         else:
             failing = fail if fail is not None else np.zeros_like(bad)
         fail = bool(chunk.structural and self.on_bad_record == OnBadRecord.FAIL) or bool(failing.any())
@@ -96,11 +90,3 @@ class BadRecords:
                 logger.warning("convert | skipping bad record: %s", message)
         logger.info("convert | skipped %d bad record(s) in %s (%d so far)", count, chunk.uri, self.num_bad)
 
-
-def _missing_rows(column: Column, num_rows: int) -> np.ndarray:
-    """The rows of a column that are bad only because the value is missing."""
-    mask = np.zeros(num_rows, dtype=bool)
-    for row, (_value, why) in column.reasons.items():
-        if why == "is missing":
-            mask[row] = True
-    return mask

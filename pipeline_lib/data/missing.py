@@ -29,7 +29,7 @@ class MissingRows:
     """Rows of a chunk that the missing-value settings decide about, whatever `on_bad_record` says."""
 
     fail: np.ndarray  # a missing value under `missing: fail`
-    skip: np.ndarray  # a missing value under `missing: skip`
+    skip: np.ndarray  # bad only for missing values under `missing: skip` (no other bad value in the row)
 
 
 def check_missing_columns(data: DataConfig, features: list[str], uri: str) -> None:
@@ -77,6 +77,7 @@ def apply_missing(data: DataConfig, types: dict[str, ColumnType], columns: dict[
     Vector features are left alone: a vector with a missing element is a bad record.
     """
     rows = MissingRows(np.zeros(num_rows, dtype=bool), np.zeros(num_rows, dtype=bool))
+    skipped: dict[str, np.ndarray] = {}  # column → its rows missing under `missing: skip`
     for name in list(columns):
         ctype = types[name]
         if ctype.shape:
@@ -92,7 +93,17 @@ def apply_missing(data: DataConfig, types: dict[str, ColumnType], columns: dict[
             columns[name] = _fill(columns[name], ctype, mask)
             continue
         _mark(columns[name], mask)
-        (rows.fail if policy == MissingPolicy.FAIL else rows.skip)[mask] = True
+        if policy == MissingPolicy.FAIL:
+            rows.fail |= mask
+        else:
+            skipped[name] = mask
+    if skipped:
+        other = np.zeros(num_rows, dtype=bool)  # rows with a bad value that is not a skipped missing one
+        for name, column in columns.items():
+            other |= column.bad & ~skipped[name] if name in skipped else column.bad
+        for mask in skipped.values():
+            rows.skip |= mask
+        rows.skip &= ~other
     return rows
 
 

@@ -84,3 +84,13 @@ def test_missing_columns_must_name_features(source, tmp_path):
                 str(tmp_path / "out"))
     with pytest.raises(ConfigError, match=r"missing_columns names the label 'y'"):
         parse_config({"data": {"source": source, "label": "y", "missing_columns": {"y": {"missing": "skip"}}}})
+
+
+def test_a_missing_label_in_a_row_skipped_for_a_missing_feature_still_fails(tmp_path):
+    path = tmp_path / "both.csv"
+    path.write_text("a,b,y\n1.0,2.0,0\n,3.0,\n4.0,5.0,1\n")
+    with pytest.raises(ConversionError, match=r"both.csv line 3, column"):
+        convert(DataConfig(source=str(path), label="y", missing="skip"), str(tmp_path / "out"))
+    manifest = convert(DataConfig(source=str(path), label="y", missing="skip", on_bad_record="skip"),
+                       str(tmp_path / "skip"))
+    assert manifest.num_bad_records == 1
