@@ -87,7 +87,7 @@ def test_a_bad_record_fails_in_the_flow_as_one_line_without_prefect_tracebacks(t
     raw = Path(config["data"]["source"])
     lines = raw.read_text().splitlines()
     cells = lines[5].split(",")
-    cells[3] = ""
+    cells[3] = "abc"  # not a number (an empty cell would be imputed: data.missing)
     lines[5] = ",".join(cells)
     raw.write_text("\n".join(lines) + "\n")
     out = _run(tmp_path, config, env={"PREFECT_API_URL": prefect_api})
