@@ -176,6 +176,19 @@ def _convert_seconds(data, output_root: str):
     return time.perf_counter() - start, manifest
 
 
+def _convert_without_statistics_seconds(data, output_root: str):
+    """`_convert_seconds` with the statistics of the conversion pass switched off: what conversion cost before
+    them (statistics.json is still written, from no rows)."""
+    from pipeline_lib.data.accumulators import StatisticsBuilder
+
+    submit = StatisticsBuilder.submit
+    StatisticsBuilder.submit = lambda *args, **kwargs: None
+    try:
+        return _convert_seconds(data, output_root)
+    finally:
+        StatisticsBuilder.submit = submit
+
+
 def _shard_bytes(output_root: str, manifest) -> list[bytes]:
     dataset_dir = os.path.join(output_root, "data", manifest.fingerprint)
     shard_bytes = []
@@ -254,6 +267,8 @@ def run(rows: int = 2_000_000, width: int = 32, quick: bool = False, repeats: in
         for attempt in range(repeats):
             for name in ("parquet", "npz", "wide"):
                 manifests[name] = timed(name, _convert_seconds, configs[name], os.path.join(work, name))[1]
+            timed("wide_no_statistics", _convert_without_statistics_seconds, configs["wide"],
+                  os.path.join(work, "wide-no-statistics"))
             num_shards = len(manifests["parquet"].shards)
             shard_bytes = _shard_bytes(os.path.join(work, "parquet"), manifests["parquet"])
             assert shard_bytes == _shard_bytes(os.path.join(work, "npz"), manifests["npz"]), "sources disagree"
@@ -311,6 +326,9 @@ def run(rows: int = 2_000_000, width: int = 32, quick: bool = False, repeats: in
               f"{wide_total / 1e6:.1f} MB): convert() {best['wide']:.3f}s = {mb_s('wide', wide_total):.1f} MB/s, "
               f"reading it alone {best['read_wide']:.3f}s, raw write of its shard bytes {best['raw_wide']:.3f}s = "
               f"{mb_s('raw_wide', wide_total):.1f} MB/s")
+        print(f"  the same wide conversion without the statistics of the conversion pass: "
+              f"{best['wide_no_statistics']:.3f}s (with them {best['wide']:.3f}s, "
+              f"{best['wide_no_statistics'] / best['wide']:.2f}x the throughput)")
 
         # Peak memory as the input grows 10x: a tenth of the rows, then the whole source above.
         small_rows = rows // 10
@@ -331,6 +349,8 @@ def run(rows: int = 2_000_000, width: int = 32, quick: bool = False, repeats: in
             case("conversion end to end from .npz vs raw durable write (MB/s)", mb_s("npz"), mb_s("raw"), 0.5),
             case("conversion from wide Parquet vs raw durable write (MB/s)", mb_s("wide", wide_total),
                  mb_s("raw_wide", wide_total), 0.5),
+            case("conversion with statistics vs without, wide Parquet (rows/s)", rows / best["wide"],
+                 rows / best["wide_no_statistics"], 0.9),
             # Lower is better: ratio = RSS at 1x / RSS at 10x; ≥ 0.67 means under 1.5x growth for 10x the input.
             case("conversion peak RSS at 10x input vs 1x (MB)", big_rss, small_rss, 0.67, higher_is_better=False),
         ]

@@ -28,6 +28,7 @@ TFRecord conversion -> shard planning -> cluster validation -> distributed train
   tfdag run examples/digits.yaml          the whole pipeline (a Prefect flow)
   tfdag run examples/digits.yaml --json   ... and print the summary as JSON on the last line
   tfdag convert|plan|validate|train|evaluate CONFIG   one stage alone, without Prefect
+  tfdag validate-data CONFIG [--against latest|champion|RUN_ID]   check the data against a baseline run
   tfdag validate-cluster --strategy multi_worker_mirrored   check TF_CONFIG before training
   tfdag stack up [--ray N]                local Prefect + MLflow servers, work pool, worker, deployments
                                           (--ray N: and a local Ray cluster of N nodes)
@@ -111,6 +112,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                    num_workers=args.workers)
     print(sharding.plan_to_markdown(plan))
     return EXIT_OK
+
+
+def cmd_validate_data(args: argparse.Namespace) -> int:
+    """Convert (or reuse) the data and check it against the baseline: exit 0 without anomalies, 2 with, one per line."""
+    from pipeline_lib.data.convert import convert
+    from pipeline_lib.data.statistics import load_statistics
+    from pipeline_lib.tracking.baseline import check_data
+
+    config = _load(args.config)
+    _prepare_demo_data(config)
+    manifest = convert(config.data, config.output_root, config.storage_options)
+    report = check_data(config, manifest.feature_schema, load_statistics(manifest, config.storage_options),
+                        against=args.against)
+    for anomaly in report.anomalies:
+        print(anomaly.describe())
+    print(f"tfdag | data validation against {report.baseline}: {len(report.anomalies)} anomalies, "
+          f"{len(report.blocking)} not allowed", file=sys.stderr)
+    return EXIT_BAD_INPUT if report.blocking else EXIT_OK
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -238,6 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("plan", cmd_plan, "print the shard plan (FILE or DATA autosharding, files per worker, steps per epoch)")
     p.add_argument("--workers", type=int, default=None, help="plan for this many workers instead of train.workers")
     add("validate", cmd_validate, "check the strategy against this machine and TF_CONFIG; print the cluster report")
+    p = add("validate-data", cmd_validate_data,
+            "convert the data and check it against a baseline run's statistics: exit 0, or 2 with one line per anomaly")
+    p.add_argument("--against", default=None,
+                   help="latest (the last successful run of this pipeline), champion, or an MLflow run id "
+                        "(default: validation.against)")
     add("train", cmd_train, "convert, plan and train (no Prefect, no MLflow); prints the TrainResult")
     p = add("evaluate", cmd_evaluate, "evaluate an exported .keras model on the eval split")
     p.add_argument("--model", required=True, help="path of an exported model.keras")

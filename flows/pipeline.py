@@ -20,11 +20,13 @@ from pydantic import BaseModel, ConfigDict
 from pipeline_lib.config import PipelineConfig, resolve_config
 from pipeline_lib.core import runs, storage
 from pipeline_lib.data import demo as demo_data
+from pipeline_lib.data.statistics import load_statistics
 from pipeline_lib.evaluation import slicing
 from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.planning import sharding
 from pipeline_lib.tracking import lineage
 from pipeline_lib.tracking import run as tracking_run
+from pipeline_lib.tracking.baseline import baseline_artifacts
 from pipeline_lib.tracking.params import pipeline_params
 from pipeline_lib.tracking.run import RunStatus
 from pipeline_lib.training import strategy
@@ -170,6 +172,9 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
         run_id = progress.mlflow_run_id = stages.start_tracking_run(config, run_name, tags)
     progress("convert_to_tfrecords")
     manifest = stages.convert_to_tfrecords(config)
+    if config.validation.enabled:
+        progress("validate_data")
+        stages.validate_data(config, manifest, run_id)
     progress("validate_cluster")
     cluster_report = stages.validate_cluster(config)
     progress("plan_shards")
@@ -212,6 +217,10 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
             artifacts["evaluation/slices.json"] = slicing.slices_to_json(report.slices)
             artifacts["evaluation/slices.md"] = slicing.slices_to_markdown(report.slices, decision.failing_slices)
         artifacts.update(_preflight_artifacts(run_dir))
+        if not config.validation.enabled:  # validate_data logs them otherwise; they make this run a baseline
+            statistics = load_statistics(manifest, config.storage_options)
+            if statistics is not None:
+                artifacts.update(baseline_artifacts(manifest.feature_schema, statistics))
         if train_result.restarts:
             artifacts["training/restarts.txt"] = "".join(f"{r.describe()}\n" for r in train_result.restarts)
         version = stages.track(config, run_id, params, artifacts, report, decision, export, manifest, tags)

@@ -47,6 +47,18 @@ class OnBadRecord(str, enum.Enum):
     SKIP = "skip"
 
 
+class MissingPolicy(str, enum.Enum):  # `data.missing`: what a missing feature value does
+    FAIL = "fail"  # conversion stops, naming the file, line and column
+    SKIP = "skip"  # the row is dropped and counted with the bad records
+    IMPUTE = "impute"  # the value is filled in inside the model (numbers) or becomes out-of-vocabulary (strings)
+
+
+class ImputeWith(str, enum.Enum):  # `data.impute_with`, from the train split's statistics
+    MEAN = "mean"
+    MEDIAN = "median"
+    CONSTANT = "constant"  # data.impute_value
+
+
 class Compression(str, enum.Enum):
     NONE = "none"
     GZIP = "gzip"
@@ -129,6 +141,22 @@ class SplitConfig(_Frozen):
     key_columns: tuple[str, ...] | None = None  # None: hash the whole row
 
 
+class ColumnMissingConfig(_Frozen):
+    """`data.missing_columns.<column>`: per-column overrides of the missing-value settings (unset: the data default)."""
+
+    missing: MissingPolicy | None = None
+    impute_with: ImputeWith | None = None
+    impute_value: float | None = None
+    missing_indicator: bool | None = None
+
+
+class ColumnMissing(_Frozen):  # the settings that apply to one column, overrides resolved
+    missing: MissingPolicy
+    impute_with: ImputeWith
+    impute_value: float
+    missing_indicator: bool
+
+
 class DataConfig(_Frozen):
     source: str  # fsspec URI or glob
     format: DataFormat = DataFormat.AUTO
@@ -141,6 +169,29 @@ class DataConfig(_Frozen):
     on_bad_record: OnBadRecord = OnBadRecord.FAIL
     csv_delimiter: str = ","
     read_chunk_rows: int = Field(65536, ge=1)
+    missing: MissingPolicy = MissingPolicy.IMPUTE  # features only: a missing label is a bad record
+    impute_with: ImputeWith = ImputeWith.MEAN
+    impute_value: float = 0.0  # with impute_with: constant
+    missing_indicator: bool = False  # impute: add a `<column>_missing` 0/1 input to the model
+    missing_columns: dict[str, ColumnMissingConfig] = Field(default_factory=dict)
+
+    def missing_for(self, column: str) -> ColumnMissing:
+        """The missing-value settings of `column`: its `missing_columns` entry over the data defaults."""
+        override = self.missing_columns.get(column, ColumnMissingConfig())
+        return ColumnMissing(
+            missing=override.missing or self.missing,
+            impute_with=override.impute_with or self.impute_with,
+            impute_value=self.impute_value if override.impute_value is None else override.impute_value,
+            missing_indicator=(self.missing_indicator if override.missing_indicator is None
+                               else override.missing_indicator),
+        )
+
+    @model_validator(mode="after")
+    def _missing_label(self) -> DataConfig:
+        if self.label in self.missing_columns:
+            raise ValueError(f"missing_columns names the label {self.label!r}; a missing label is never imputed "
+                             "but a bad record (data.on_bad_record decides); remove it from missing_columns")
+        return self
 
     @field_validator("source")
     @classmethod
@@ -361,6 +412,22 @@ class ObservabilityConfig(_Frozen):
         return value
 
 
+class DriftConfig(_Frozen):  # `validation.drift`: thresholds between this train split and the baseline's
+    jensen_shannon: float = Field(0.1, gt=0.0, le=1.0)  # numeric features (base-2 Jensen-Shannon divergence)
+    l_infinity: float = Field(0.1, gt=0.0, le=1.0)  # string features (largest change of one value's share)
+
+
+class ValidationConfig(_Frozen):
+    """`validation`: the data check before training, against the statistics of a baseline run."""
+
+    enabled: bool = True
+    against: str = "latest"  # latest | champion | an MLflow run id
+    drift: DriftConfig = DriftConfig()
+    max_missing_rate_increase: float = Field(0.05, ge=0.0, le=1.0)  # absolute, e.g. 0.02 → 0.08 is a jump
+    max_unseen_share: float = Field(0.01, ge=0.0, le=1.0)  # rows whose string value the baseline never saw
+    allow: tuple[str, ...] = ()  # anomaly names accepted, e.g. "drift:proline" or "unseen_values:*"
+
+
 class PreflightConfig(_Frozen):
     enabled: bool = True
     timeout_s: float = Field(60.0, gt=0.0)
@@ -377,6 +444,7 @@ class PipelineConfig(_Frozen):
     tracking: TrackingConfig = TrackingConfig()
     preflight: PreflightConfig = PreflightConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
+    validation: ValidationConfig = ValidationConfig()
 
     @property
     def mlflow_uri(self) -> str:

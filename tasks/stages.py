@@ -22,8 +22,11 @@ from pipeline_lib.cluster import check as cluster_check
 from pipeline_lib.cluster.report import ClusterReport
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
+from pipeline_lib.data import statistics_report
 from pipeline_lib.data.convert import convert
 from pipeline_lib.data.manifest import Manifest
+from pipeline_lib.data.statistics import load_statistics
+from pipeline_lib.data.validation import ValidationReport
 from pipeline_lib.evaluation import consolidation
 from pipeline_lib.evaluation import metrics as evaluation
 from pipeline_lib.evaluation.gate import apply_gate
@@ -31,6 +34,7 @@ from pipeline_lib.evaluation.report import EvalReport, GateDecision
 from pipeline_lib.launch import launchers as launcher
 from pipeline_lib.launch.supervisor import TrainProgress
 from pipeline_lib.planning import sharding
+from pipeline_lib.tracking import baseline as data_baseline
 from pipeline_lib.tracking import lineage, model_logging, registry
 from pipeline_lib.tracking import run as tracking
 from pipeline_lib.training.results import TrainResult
@@ -63,6 +67,38 @@ def convert_to_tfrecords(config: PipelineConfig) -> Manifest:
         manifest.num_bad_records,
     )
     return manifest
+
+
+@task(name="validate_data", **transient_retries())
+def validate_data(config: PipelineConfig, manifest: Manifest, run_id: str | None) -> ValidationReport:
+    """Statistics as artifacts (Prefect and MLflow, where they make this run a later run's baseline), then the
+    check against the baseline; an anomaly `validation.allow` does not accept stops the pipeline here."""
+    logger = get_run_logger()
+    statistics = load_statistics(manifest, config.storage_options)
+    files: dict[str, str | bytes] = {}
+    if statistics is not None:
+        markdown = statistics_report.to_markdown(statistics)
+        create_markdown_artifact(markdown, key=_key(f"{config.name}-statistics"), description="Data statistics")
+        for split in statistics.splits:
+            create_table_artifact(statistics_report.table_rows(statistics, split),
+                                  key=_key(f"{config.name}-statistics-{split}"), description=f"Statistics: {split}")
+        files.update(data_baseline.baseline_artifacts(manifest.feature_schema, statistics))
+        files["data/statistics.md"] = markdown
+        files.update(statistics_report.histogram_artifacts(statistics))
+    report = data_baseline.check_data(config, manifest.feature_schema, statistics, exclude_run_id=run_id)
+    create_markdown_artifact(report.to_markdown(), key=_key(f"{config.name}-data-validation"),
+                             description=f"Data validation: {len(report.blocking)} blocking anomalies")
+    if report.anomalies:
+        files["data/anomalies.json"] = report.model_dump_json(indent=2)
+        files["data/anomalies.md"] = report.to_markdown()
+    if run_id and files:
+        tracking.log_artifacts(run_id, config.mlflow_uri, files)
+    for anomaly in report.anomalies:
+        (logger.info if anomaly.allowed else logger.error)("data anomaly: %s", anomaly.describe())
+    logger.info("data validation against %s: %d anomalies, %d blocking", report.baseline, len(report.anomalies),
+                len(report.blocking))
+    report.raise_if_blocking()
+    return report
 
 
 @task(name="plan_shards")

@@ -38,13 +38,17 @@ class BadRecords:
     num_bad: int = 0
     samples: list[str] = field(default_factory=list)
 
-    def handle(self, chunk: RawChunk, columns: dict[str, Column], bad: np.ndarray) -> None:
+    def handle(self, chunk: RawChunk, columns: dict[str, Column], bad: np.ndarray,
+               fail: np.ndarray | None = None, skip: np.ndarray | None = None) -> None:
         """Fail on the first bad row of `chunk` in file order, or count and sample its bad rows.
 
         Args:
             chunk: the chunk read; its `structural` rows could not be split into columns.
             columns: the chunk's coerced columns, with each bad value's reason.
             bad: per row, whether any column of it was bad.
+            fail: rows that fail whatever `on_bad_record` says (a missing value under `data.missing: fail`).
+            skip: rows skipped whatever `on_bad_record` says: bad only for missing values under
+                `data.missing: skip`.
 
         Raises:
             ConversionError: with `on_bad_record: fail`, naming the file, line or row, column and value.
@@ -53,7 +57,15 @@ class BadRecords:
         for position, why in chunk.structural:
             problems.append((position, _bad_message(chunk, position, None, None, why)))
         rows = np.flatnonzero(bad)
-        fail = self.on_bad_record == OnBadRecord.FAIL
+        if self.on_bad_record == OnBadRecord.FAIL:
+            failing = bad & ~skip if skip is not None else bad
+        else:
+            failing = fail if fail is not None else np.zeros_like(bad)
+        fail = bool(chunk.structural and self.on_bad_record == OnBadRecord.FAIL) or bool(failing.any())
+        if fail:
+            rows = np.flatnonzero(failing)
+            if self.on_bad_record != OnBadRecord.FAIL:
+                problems = []
         limit = 1 if fail else max(0, MAX_BAD_SAMPLES - len(self.samples))
         for row in rows[: max(limit, 1)].tolist():
             name = next(n for n, c in columns.items() if c.bad[row])
@@ -63,10 +75,13 @@ class BadRecords:
         problems.sort(key=lambda p: p[0])
         if fail:
             _position, message = problems[0]
-            raise ConversionError(
-                f"bad record: {message}; fix the source or set data.on_bad_record: skip to drop such rows "
-                "(they are counted in the manifest)"
-            )
+            if message.endswith(" is missing"):
+                fix = ("fill it in, or set data.missing (or data.missing_columns.<column>.missing) to impute or "
+                       "skip; a missing label is a bad record: data.on_bad_record: skip drops such rows")
+            else:
+                fix = ("fix the source or set data.on_bad_record: skip to drop such rows (they are counted in the "
+                       "manifest)")
+            raise ConversionError(f"bad record: {message}; {fix}")
         count = len(chunk.structural) + len(rows)
         self.num_bad += count
         for _position, message in problems:
@@ -74,3 +89,4 @@ class BadRecords:
                 self.samples.append(message)
                 logger.warning("convert | skipping bad record: %s", message)
         logger.info("convert | skipped %d bad record(s) in %s (%d so far)", count, chunk.uri, self.num_bad)
+

@@ -1,9 +1,10 @@
 """The conversion stage: `convert(data, output_root, storage_options) -> Manifest`, CSV/Parquet/JSONL/NPZ to TFRecords.
 
 `convert` streams the source in chunks of `data.read_chunk_rows` rows, infers the schema from the first chunk,
-splits rows into train and eval by a hash of their values, encodes them in bulk, and rolls shards over at
-`data.target_shard_mb`. Shards are staged locally and published under their final names, then `schema.json`,
-then `manifest.json` last: a set without a manifest is never complete, and a rerun replaces it.
+handles missing feature values (`data.missing`), splits rows into train and eval by a hash of their values, adds
+them to the statistics of their split, encodes them in bulk, and rolls shards over at `data.target_shard_mb`.
+Shards are staged locally and published under their final names, then `schema.json` and `statistics.json`, then
+`manifest.json` last: a set without a manifest is never complete, and a rerun replaces it.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ import pyarrow.compute as pc
 
 from pipeline_lib.config import Compression, DataConfig, DataFormat
 from pipeline_lib.core import storage
+from pipeline_lib.data.accumulators import StatisticsBuilder
 from pipeline_lib.data.bad_records import BadRecords
 from pipeline_lib.data.coercion import Column, coerce
 from pipeline_lib.data.errors import ConversionError
 from pipeline_lib.data.framing import encode_tfrecords
 from pipeline_lib.data.manifest import DType, Manifest, RecordLayout
+from pipeline_lib.data.missing import apply_missing, check_missing_columns, imputation
 from pipeline_lib.data.publish import create_staging_dir, publish, reusable_manifest
 from pipeline_lib.data.readers.base import RawChunk, prepend, read_ahead
 from pipeline_lib.data.readers.registry import open_reader
@@ -53,6 +56,7 @@ class _Stats:
     """What the chunks converted so far add up to: rows per split, bad records, the label range, record layouts."""
 
     bad: BadRecords
+    statistics: StatisticsBuilder
     num_rows: dict[str, int] = field(default_factory=lambda: {s: 0 for s in SPLITS})
     label_max: int | None = None  # integer labels: the largest seen
     layouts: set[RecordLayout | None] = field(default_factory=set)  # each chunk's record_layout (None: rows of varying shape)
@@ -72,6 +76,7 @@ def _scan_vocabulary(fs, files: Sequence[ListedFile], data: DataConfig, label_ty
             column = coerce(chunk.columns[data.label], label_type, source.format)
             good = column.values.filter(pa.array(~column.bad)) if column.bad.any() else column.values
             values.update(v.decode("utf-8", "surrogateescape") for v in pc.unique(good).to_pylist())
+    values.discard("")  # an empty label is missing: a bad record, not a class
     return sorted(values)
 
 
@@ -109,6 +114,7 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
 
     first_reader = open_reader(fs, files[0], data)
     features, needed = select_columns(data, files[0].uri, first_reader.available_columns())
+    check_missing_columns(data, features, files[0].uri)
     first_chunks = first_reader.chunks(needed, data.read_chunk_rows)
     first_chunk = next(first_chunks, None)
     if first_chunk is None or first_chunk.num_rows == 0:
@@ -133,7 +139,8 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
     target_bytes = int(data.target_shard_mb * 1024 * 1024)
     # Local output is published by renaming the staged files, so they are fsynced as each shard closes (on the
     # closer thread, beside the next shard's writes); remote output is uploaded from staging, which is durable.
-    stats = _Stats(bad=BadRecords(data.on_bad_record))
+    stats = _Stats(bad=BadRecords(data.on_bad_record),
+                   statistics=StatisticsBuilder({n: types[n].dtype for n in [*features, data.label]}, SPLITS))
     writes = BackgroundWrites()
     shards = {s: RollingShards(s, staging_dir, compression, target_bytes, durable=local_out, closer=writes.closer,
                                hasher=writes.hasher)
@@ -157,8 +164,10 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
                 + (" and on_bad_record" if stats.bad.num_bad else "")
             )
         schema = build_schema(data, features, types, vocabulary, stats.label_max)
+        statistics = stats.statistics.result(data.label)
+        statistics = statistics.model_copy(update={"imputation": imputation(data, statistics, features, types)})
         manifest = publish(out_fs, dataset_path, dataset_uri, staged, schema, source, compression,
-                           stats.bad.num_bad, stats.record_layout)
+                           stats.bad.num_bad, stats.record_layout, statistics)
     except BaseException:
         with contextlib.suppress(BaseException):
             writes.wait()
@@ -168,6 +177,7 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
     finally:
         first_chunks.close()
         writes.close()
+        stats.statistics.close()
         shutil.rmtree(staging_dir, ignore_errors=True)
     logger.info(
         "convert | rows: train %d, eval %d | shards: train %d, eval %d | bad rows: %d | %s",
@@ -188,11 +198,12 @@ def _convert_chunk(chunk: RawChunk, fmt: DataFormat, data: DataConfig, features:
         for row in negative.tolist():
             label.bad[row] = True
             label.reasons[row] = (int(label.values[row]), "is a negative class label; classification labels are 0..n-1")
+    missing = apply_missing(data, types, columns, chunk.num_rows)
     bad = np.zeros(chunk.num_rows, dtype=bool)
     for column in columns.values():
         bad |= column.bad
     if bad.any() or chunk.structural:
-        stats.bad.handle(chunk, columns, bad)
+        stats.bad.handle(chunk, columns, bad, missing.fail, missing.skip)
     keep = ~bad
     if not keep.all():
         mask = pa.array(keep)
@@ -225,6 +236,7 @@ def _convert_chunk(chunk: RawChunk, fmt: DataFormat, data: DataConfig, features:
     to_eval = eval_mask(hashes, data.split.eval_fraction)
     # Encoded eval rows first, then train rows (each in source order): the split costs no copy of the records.
     eval_rows = np.flatnonzero(to_eval)
+    stats.statistics.submit({name: values[name] for name in [*features, data.label]}, to_eval, len(eval_rows))
     order = np.concatenate([eval_rows, np.flatnonzero(~to_eval)])
     encoded = {**{name: values[name] for name in features}, data.label: encoded_label}
     stats.layouts.add(record_layout(encoded))
@@ -233,3 +245,4 @@ def _convert_chunk(chunk: RawChunk, fmt: DataFormat, data: DataConfig, features:
     writes.submit(shards, batch, num_eval)
     stats.num_rows["eval"] += num_eval
     stats.num_rows["train"] += num_rows - num_eval
+

@@ -93,6 +93,7 @@ class Manifest(_Frozen):
     num_bad_records: int = 0
     created_at: str = ""
     record_layout: RecordLayout | None = None
+    statistics_sha256: str | None = None  # of statistics.json beside this manifest (None: converted without one)
 
     def shards_for(self, split: str) -> tuple[ShardInfo, ...]:
         return tuple(s for s in self.shards if s.split == split)

@@ -1,4 +1,5 @@
-"""Publishing a shard set: local staging, shards under their final names, schema.json, manifest.json last; reuse."""
+"""Publishing a shard set: local staging, shards under their final names, schema.json and statistics.json,
+manifest.json last; reuse."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ from pipeline_lib.data.manifest import (
     load_manifest,
 )
 from pipeline_lib.data.shard_writer import SPLITS, StagedShard
+from pipeline_lib.data.statistics import (
+    STATISTICS_NAME,
+    DatasetStatistics,
+    statistics_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +61,8 @@ def _shard_name(split: str, index: int, count: int, compression: str) -> str:
 
 def publish(out_fs, dataset_path: str, dataset_uri: str, staged: list[StagedShard], schema: Schema,
             source: SourceFingerprint, compression: str, num_bad_records: int,
-            record_layout: RecordLayout | None) -> Manifest:
-    """Shards under their final names, then schema.json, then manifest.json last; returns the manifest.
+            record_layout: RecordLayout | None, statistics: DatasetStatistics | None = None) -> Manifest:
+    """Shards under their final names, then schema.json and statistics.json, then manifest.json last.
 
     A shard set without a manifest is incomplete: one left by an earlier failed attempt is removed first.
 
@@ -66,7 +72,7 @@ def publish(out_fs, dataset_path: str, dataset_uri: str, staged: list[StagedShar
     """
     try:
         return _write_shard_set(out_fs, dataset_path, dataset_uri, staged, schema, source, compression,
-                                num_bad_records, record_layout)
+                                num_bad_records, record_layout, statistics)
     except Exception as error:  # re-raised: only an outage gets a clearer type
         raise_if_outage(error, dataset_uri, "publishing the shard set at")
         raise
@@ -74,7 +80,7 @@ def publish(out_fs, dataset_path: str, dataset_uri: str, staged: list[StagedShar
 
 def _write_shard_set(out_fs, dataset_path: str, dataset_uri: str, staged: list[StagedShard], schema: Schema,
                      source: SourceFingerprint, compression: str, num_bad_records: int,
-                     record_layout: RecordLayout | None) -> Manifest:
+                     record_layout: RecordLayout | None, statistics: DatasetStatistics | None) -> Manifest:
     local_out = _is_local_fs(out_fs)
     join = _path_join(out_fs)
     if out_fs.exists(dataset_path):
@@ -103,6 +109,10 @@ def _write_shard_set(out_fs, dataset_path: str, dataset_uri: str, staged: list[S
         storage.fsync_dir(data_dir)
         storage.fsync_dir(os.path.dirname(data_dir))
     storage.write_bytes_atomic(out_fs, join(dataset_path, SCHEMA_NAME), schema.model_dump_json(indent=2).encode())
+    statistics_sha256 = None
+    if statistics is not None:
+        payload, statistics_sha256 = statistics_bytes(statistics)
+        storage.write_bytes_atomic(out_fs, join(dataset_path, STATISTICS_NAME), payload)
     manifest = Manifest(
         fingerprint=source.sha256[:16],
         dataset_uri=dataset_uri,
@@ -113,6 +123,7 @@ def _write_shard_set(out_fs, dataset_path: str, dataset_uri: str, staged: list[S
         num_bad_records=num_bad_records,
         created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         record_layout=record_layout,
+        statistics_sha256=statistics_sha256,
     )
     storage.write_bytes_atomic(out_fs, join(dataset_path, MANIFEST_NAME), manifest.to_json().encode())
     return manifest

@@ -17,7 +17,7 @@ from pipeline_lib.data.errors import ConversionError, raise_if_outage
 from pipeline_lib.data.manifest import SourceFile, SourceFingerprint
 
 # Bump when the bytes written for the same input and settings change: it is part of the fingerprint.
-CONVERSION_VERSION = 1
+CONVERSION_VERSION = 2  # 2: statistics.json, missing values
 
 EXTENSIONS = {
     ".csv": DataFormat.CSV,
@@ -134,6 +134,9 @@ def _settings(data: DataConfig) -> dict[str, Any]:
         "compression": data.compression.value,
         "on_bad_record": data.on_bad_record.value,
         "csv_delimiter": data.csv_delimiter,
+        # Missing values change the rows written (skip) and statistics.json (the fill values it records).
+        "missing": {name: data.missing_for(name).model_dump(mode="json")
+                    for name in ["", *sorted(data.missing_columns)]},
     }
 
 

@@ -19,6 +19,7 @@ from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
 from pipeline_lib.core.errors import TfdagError
 from pipeline_lib.data.manifest import Manifest
+from pipeline_lib.data.statistics import load_statistics
 from pipeline_lib.training import input_pipeline, models
 from pipeline_lib.training.results import TrainResult
 
@@ -84,7 +85,8 @@ def restore_model(config: PipelineConfig, manifest: Manifest, record: Checkpoint
     problem = manifests.verify(local.path)
     if problem is not None:
         raise ConsolidationError(f"checkpoint {record.path} (step {record.step}) is not valid: {problem}")
-    model = models.create_model(config.model, manifest.feature_schema)
+    model = models.create_model(config.model, manifest.feature_schema,
+                                load_statistics(manifest, config.storage_options))
     try:
         status = tf.train.Checkpoint(model=model).read(local.path)
         # Every model variable must come from the checkpoint; the optimizer, step and RNG in it are left unread,

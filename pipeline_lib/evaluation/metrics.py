@@ -18,7 +18,11 @@ from pipeline_lib.core import storage
 from pipeline_lib.data.manifest import DType, Manifest
 from pipeline_lib.evaluation import plots, slicing
 from pipeline_lib.evaluation.report import EvalReport, EvaluationError
-from pipeline_lib.training import input_pipeline, staging
+from pipeline_lib.training import (
+    input_pipeline,
+    preprocessing,  # noqa: F401  (registers the layers load_model needs)
+    staging,
+)
 
 logger = logging.getLogger(__name__)
 

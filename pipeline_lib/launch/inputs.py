@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pipeline_lib.cluster.check import validate_cluster
 from pipeline_lib.cluster.report import ClusterReport
-from pipeline_lib.config import Launcher, PipelineConfig
+from pipeline_lib.config import ConfigError, Launcher, PipelineConfig
 from pipeline_lib.core import storage
 from pipeline_lib.data import demo
 from pipeline_lib.training import models
@@ -37,6 +37,9 @@ def check_inputs(config: PipelineConfig, environ: Mapping[str, str] | None = Non
         config.train.ray.resolved_address(dict(environ) if environ is not None else None)
     if config.model.factory not in models.BUILTINS:
         models.import_factory(config.model.factory)
+    if config.validation.enabled and config.validation.against == "champion" and not config.tracking.registered_model:
+        raise ConfigError("validation.against is 'champion' but tracking.registered_model is not set, so there is "
+                          "no champion; set tracking.registered_model, or validation.against: latest")
     report = validate_cluster(config, environ)
     demo.ensure_demo_source(config.data)
     checked = storage.check_storage(config)

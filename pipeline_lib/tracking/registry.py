@@ -240,6 +240,8 @@ def write_warm_start_checkpoint(keras_path: str, target_uri: str,
     import keras
     import tensorflow as tf
 
+    from pipeline_lib.training import preprocessing  # noqa: F401  (registers the layers load_model needs)
+
     model = keras.saving.load_model(keras_path, compile=False)
     if storage.is_local(target_uri):
         directory = storage.local_path(target_uri)

@@ -15,6 +15,7 @@ from pipeline_lib.data.manifest import (
     RecordLayout,
     Schema,
 )
+from pipeline_lib.data.statistics import MISSING_INT64
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +223,7 @@ def make_inputs_fn(schema: Schema, is_classification: bool | None = None):
     def to_inputs(parsed: dict[str, tf.Tensor]):
         inputs: dict[str, tf.Tensor] = {}
         if numeric:
-            values = [parsed[spec.name] if spec.dtype == DType.FLOAT32 else tf.cast(parsed[spec.name], tf.float32)
+            values = [parsed[spec.name] if spec.dtype == DType.FLOAT32 else _int_as_float(parsed[spec.name])
                       for spec in numeric]
             if all_scalar:  # one op for the common tabular case instead of a reshape per column and a concat
                 inputs[NUMERIC_KEY] = tf.stack(values, axis=1)
@@ -238,6 +239,11 @@ def make_inputs_fn(schema: Schema, is_classification: bool | None = None):
         return inputs, labels
 
     return to_inputs
+
+
+def _int_as_float(values: tf.Tensor) -> tf.Tensor:
+    """int64 values as float32, a missing one (MISSING_INT64, written by conversion) as NaN, like a float's."""
+    return tf.where(values == MISSING_INT64, tf.constant(float("nan"), tf.float32), tf.cast(values, tf.float32))
 
 
 def shard_uris(manifest: Manifest, split: str, files: Sequence[str] | None = None) -> list[str]:

@@ -1,8 +1,14 @@
-"""Keras 3 model factories: the built-in MLP and CNN, and any `package.module:function` factory."""
+"""Keras 3 model factories: the built-in MLP and CNN, and any `package.module:function` factory.
+
+The built-in factories start with the preprocessing of `training.preprocessing`, built from the dataset
+statistics (imputation, z-scores, vocabularies): `model.params.normalize: false` keeps only the imputation and
+hashes strings. A custom factory that takes a `statistics` argument gets them too.
+"""
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -11,17 +17,18 @@ import keras
 
 from pipeline_lib.config import ModelConfig, Task
 from pipeline_lib.core.errors import UserError
+from pipeline_lib.data.statistics import DatasetStatistics
 from pipeline_lib.training.input_pipeline import (
-    NUMERIC_KEY,
     feature_width,
     input_signature,
-    string_features,
+)
+from pipeline_lib.training.preprocessing import (
+    numeric_block,
+    preprocess_inputs,
+    string_blocks,
 )
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_HASH_BINS = 1000
-DEFAULT_EMBEDDING_DIM = 8
 
 
 class ModelFactoryError(UserError, ValueError):
@@ -55,26 +62,15 @@ def create_inputs(schema) -> dict[str, keras.KerasTensor]:
     }
 
 
-def embed_strings(inputs: dict[str, Any], schema, params: dict[str, Any]) -> list[Any]:
-    """Hash + Embedding of each string feature, flattened: one tensor per string feature."""
-    bins = int(params.get("hash_bins", DEFAULT_HASH_BINS))
-    dim = int(params.get("embedding_dim", DEFAULT_EMBEDDING_DIM))
-    outputs = []
-    for spec in string_features(schema):
-        hashed = keras.layers.Hashing(num_bins=bins, name=f"{spec.name}_hash")(inputs[spec.name])
-        embedded = keras.layers.Embedding(bins, dim, name=f"{spec.name}_embedding")(hashed)
-        outputs.append(keras.layers.Flatten(name=f"{spec.name}_flat")(embedded))
-    return outputs
-
-
 def _head(x, units: int):
     # float32 logits even under the mixed_float16 policy, for a numerically stable loss.
     return keras.layers.Dense(units, dtype="float32", name="logits")(x)
 
 
 def create_mlp(schema, num_outputs: int, hidden_units=(128, 64), dropout: float = 0.0,
-               activation: str = "relu", **params: Any) -> keras.Model:
-    """A multilayer perceptron over the numeric vector and the string embeddings.
+               activation: str = "relu", statistics: DatasetStatistics | None = None, normalize: bool = True,
+               **params: Any) -> keras.Model:
+    """A multilayer perceptron over the preprocessed numbers and strings.
 
     Args:
         schema: the data schema.
@@ -82,14 +78,15 @@ def create_mlp(schema, num_outputs: int, hidden_units=(128, 64), dropout: float 
         hidden_units: widths of the hidden Dense layers.
         dropout: dropout rate after each hidden layer (0: none).
         activation: hidden activation.
-        **params: `hash_bins`, `embedding_dim` for string features.
+        statistics: the dataset statistics the preprocessing is built from (None: raw inputs, hashed strings).
+        normalize: z-score numbers and look strings up in their vocabulary (`model.params.normalize`).
+        **params: `hash_bins`, `embedding_dim`, `max_vocabulary`, `one_hot_max` for string features.
 
     Returns:
-        A functional keras.Model from the inputs dict to logits.
+        A functional keras.Model from the inputs dict (raw values) to logits.
     """
     inputs = create_inputs(schema)
-    parts = [inputs[NUMERIC_KEY]] if NUMERIC_KEY in inputs else []
-    parts += embed_strings(inputs, schema, params)
+    parts = preprocess_inputs(inputs, schema, statistics, params, normalize=normalize)
     if not parts:
         raise ModelFactoryError("the schema has no features; the MLP needs at least one input")
     x = parts[0] if len(parts) == 1 else keras.layers.Concatenate(name="features")(parts)
@@ -101,7 +98,8 @@ def create_mlp(schema, num_outputs: int, hidden_units=(128, 64), dropout: float 
 
 
 def create_cnn(schema, num_outputs: int, image_shape=None, filters=(16, 32), kernel_size: int = 3,
-               dense_units: int = 64, activation: str = "relu", dropout: float = 0.0, **params: Any) -> keras.Model:
+               dense_units: int = 64, activation: str = "relu", dropout: float = 0.0,
+               statistics: DatasetStatistics | None = None, normalize: bool = True, **params: Any) -> keras.Model:
     """A small CNN: the numeric vector reshaped to `image_shape`, Conv2D blocks, then Dense.
 
     Args:
@@ -113,7 +111,9 @@ def create_cnn(schema, num_outputs: int, image_shape=None, filters=(16, 32), ker
         dense_units: width of the Dense layer after the convolutions.
         activation: activation of every hidden layer.
         dropout: dropout before the head (0: none).
-        **params: `hash_bins`, `embedding_dim` for string features.
+        statistics: the dataset statistics the preprocessing is built from (None: raw inputs, hashed strings).
+        normalize: z-score the pixels and look strings up in their vocabulary (`model.params.normalize`).
+        **params: `hash_bins`, `embedding_dim`, `max_vocabulary`, `one_hot_max` for string features.
 
     Raises:
         ModelFactoryError: when image_shape is missing or does not match the feature width.
@@ -137,14 +137,16 @@ def create_cnn(schema, num_outputs: int, image_shape=None, filters=(16, 32), ker
             f"{width} wide; choose a shape whose product is {width}"
         )
     inputs = create_inputs(schema)
-    x = keras.layers.Reshape(image_shape, name="image")(inputs[NUMERIC_KEY])
+    # No missing-value indicators: they would change the width the image shape is made of.
+    numeric = numeric_block(inputs, schema, statistics, normalize=normalize, indicators=False)
+    x = keras.layers.Reshape(image_shape, name="image")(numeric)
     for i, channels in enumerate(filters):
         x = keras.layers.Conv2D(int(channels), int(kernel_size), padding="same", activation=activation,
                                 name=f"conv_{i}")(x)
         if min(x.shape[1], x.shape[2]) >= 2:
             x = keras.layers.MaxPooling2D(2, name=f"pool_{i}")(x)
     x = keras.layers.Flatten(name="flatten")(x)
-    strings = embed_strings(inputs, schema, params)
+    strings = string_blocks(inputs, schema, statistics, params, normalize=normalize)
     if strings:
         x = keras.layers.Concatenate(name="features")([x, *strings])
     x = keras.layers.Dense(int(dense_units), activation=activation, name="dense")(x)
@@ -179,14 +181,23 @@ def import_factory(factory: str) -> Callable[..., keras.Model]:
     return fn
 
 
-def create_model(model_config: ModelConfig, schema) -> keras.Model:
+def _takes_statistics(fn: Callable[..., Any]) -> bool:
+    try:
+        return "statistics" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def create_model(model_config: ModelConfig, schema, statistics: DatasetStatistics | None = None) -> keras.Model:
     """Build the Keras 3 model named by `model.factory` for this schema.
 
-    Custom factories are called as `fn(schema=schema, num_outputs=n, **model.params)`.
+    Custom factories are called as `fn(schema=schema, num_outputs=n, **model.params)`, with
+    `statistics=statistics` too when the function has a `statistics` parameter.
 
     Args:
         model_config: the `model` config section.
         schema: the data schema (from the manifest).
+        statistics: the dataset statistics (`data.statistics.load_statistics`); None for a dataset without them.
 
     Returns:
         A keras.Model taking the inputs dict of `create_dataset` and returning logits
@@ -198,11 +209,14 @@ def create_model(model_config: ModelConfig, schema) -> keras.Model:
     outputs = num_outputs(model_config, schema)
     params = dict(model_config.params)
     fn = BUILTINS.get(model_config.factory) or import_factory(model_config.factory)
+    if _takes_statistics(fn):
+        params["statistics"] = statistics
     try:
         model = fn(schema=schema, num_outputs=outputs, **params)
     except TypeError as error:
         raise ModelFactoryError(
-            f"model.factory {model_config.factory!r} rejected model.params {sorted(params)}: {error}; "
+            f"model.factory {model_config.factory!r} rejected model.params "
+            f"{sorted(k for k in params if k != 'statistics')}: {error}; "
             "check the parameter names against the factory's signature"
         ) from error
     if not isinstance(model, keras.Model):

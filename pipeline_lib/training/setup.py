@@ -15,6 +15,7 @@ from pipeline_lib.checkpoints.store import CheckpointStore
 from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.config import PipelineConfig, TrainConfig
 from pipeline_lib.data.manifest import Manifest
+from pipeline_lib.data.statistics import load_statistics
 from pipeline_lib.planning.sharding import ShardPlan
 from pipeline_lib.training import models
 from pipeline_lib.training import strategy as strategies
@@ -112,12 +113,13 @@ def _create_optimizer(config: PipelineConfig, learning_rate, mixed_precision: bo
 
 
 def _build_model(config: PipelineConfig, manifest: Manifest) -> keras.Model:
+    statistics = load_statistics(manifest, config.storage_options)
     if not config.train.mixed_precision:
-        return models.create_model(config.model, manifest.feature_schema)
+        return models.create_model(config.model, manifest.feature_schema, statistics)
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("mixed_float16")
     try:
-        return models.create_model(config.model, manifest.feature_schema)
+        return models.create_model(config.model, manifest.feature_schema, statistics)
     finally:
         keras.config.set_dtype_policy(previous)
 

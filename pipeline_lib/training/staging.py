@@ -25,6 +25,7 @@ from pipeline_lib.core.download import ChecksumMismatch, download_verified
 from pipeline_lib.core.paths import default_cache_dir
 from pipeline_lib.core.retry import retry_with_backoff
 from pipeline_lib.data.manifest import Manifest, ShardInfo
+from pipeline_lib.data.statistics import STATISTICS_NAME
 from pipeline_lib.planning.sharding import AutoShardPolicy, ShardPlan
 
 logger = logging.getLogger(__name__)
@@ -186,11 +187,25 @@ def stage_files(manifest: Manifest, files: Iterable[str], *, cache_dir: str | No
             remote_path = f"{root.rstrip('/')}/{relative}"
             num_bytes += _fetch_shard(fs, remote_path, local_path, shard, uri, retries)
             downloaded.append(relative)
+    _stage_statistics(manifest, fs, root, local_dir)
     elapsed = time.perf_counter() - started
     logger.info("staged %d shard(s) of %s to %s: %d downloaded (%.1f MB in %.1fs), %d reused from the cache",
                 len(wanted), manifest.dataset_uri, local_dir, len(downloaded), num_bytes / 1e6, elapsed, len(reused))
     return StageReport(local_dir=local_dir, downloaded=tuple(downloaded), reused=tuple(reused),
                        num_bytes_downloaded=num_bytes)
+
+
+def _stage_statistics(manifest: Manifest, fs, root: str, local_dir: str) -> None:
+    """statistics.json beside the staged shards: the model's preprocessing is built from it on every worker."""
+    if not manifest.statistics_sha256:
+        return
+    local_path = os.path.join(local_dir, STATISTICS_NAME)
+    if os.path.exists(local_path) and storage.sha256_local(local_path) == manifest.statistics_sha256:
+        return
+    os.makedirs(local_dir, exist_ok=True)
+    partial = f"{local_path}.{os.getpid()}.part"  # workers on one machine share the cache: replace atomically
+    fs.get_file(f"{root.rstrip('/')}/{STATISTICS_NAME}", partial)
+    os.replace(partial, local_path)
 
 
 def stage_split(manifest: Manifest, split: str, *, cache_dir: str | None = None,

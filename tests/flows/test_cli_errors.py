@@ -83,11 +83,13 @@ def test_verbose_shows_the_traceback_of_a_user_error(tmp_path):
 
 @pytest.mark.slow
 def test_a_bad_record_fails_in_the_flow_as_one_line_without_prefect_tracebacks(tmp_path, prefect_api):
-    config = _config(tmp_path)
+    # Types are inferred from the first chunk (4 rows); line 6, in the second, has a value that is not a number
+    # (an empty cell would be imputed: data.missing).
+    config = _config(tmp_path, data={"read_chunk_rows": 4})
     raw = Path(config["data"]["source"])
     lines = raw.read_text().splitlines()
     cells = lines[5].split(",")
-    cells[3] = ""
+    cells[3] = "abc"
     lines[5] = ",".join(cells)
     raw.write_text("\n".join(lines) + "\n")
     out = _run(tmp_path, config, env={"PREFECT_API_URL": prefect_api})

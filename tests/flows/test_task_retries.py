@@ -22,7 +22,8 @@ def _config(tmp_path, csv: str):
     source = tmp_path / "raw" / "rows.csv"
     source.parent.mkdir(parents=True)
     source.write_text(csv)
-    return parse_config({"name": "retry-test", "data": {"source": str(source), "format": "csv", "label": "label"},
+    return parse_config({"name": "retry-test", "data": {"source": str(source), "format": "csv", "label": "label",
+                                                                 "missing": "fail"},
                          "output_root": str(tmp_path / "out")})
 
 

@@ -30,7 +30,8 @@ def test_bad_value_fails_naming_file_line_column_and_value(tmp_path):
 def test_bad_rows_skip_counts_them(tmp_path, caplog):
     source = csv_with_bad_rows(tmp_path / "bad.csv")
     with caplog.at_level(logging.WARNING, logger="pipeline_lib.data.bad_records"):
-        manifest = convert(DataConfig(source=source, label="y", on_bad_record="skip", read_chunk_rows=4),
+        manifest = convert(DataConfig(source=source, label="y", on_bad_record="skip", missing="skip",
+                                      read_chunk_rows=4),
                            str(tmp_path / "out"))
     assert manifest.num_bad_records == 3
     assert sorted(read_all(manifest)["id"].tolist()) == [1, 2, 3, 4, 6, 7]
@@ -51,8 +52,8 @@ def test_bad_rows_in_jsonl_and_parquet(tmp_path):
 
     pq.write_table(pa.table({"a": pa.array([1.0, None, 3.0]), "y": pa.array([0, 1, -1])}), tmp_path / "p.parquet")
     with pytest.raises(ConversionError) as error:
-        convert(DataConfig(source=str(tmp_path / "p.parquet"), label="y"), str(tmp_path / "out"))
+        convert(DataConfig(source=str(tmp_path / "p.parquet"), label="y", missing="fail"), str(tmp_path / "out"))
     assert "p.parquet row 2" in str(error.value) and "column 'a'" in str(error.value) and "missing" in str(error.value)
-    manifest = convert(DataConfig(source=str(tmp_path / "p.parquet"), label="y", on_bad_record="skip"),
-                       str(tmp_path / "o"))
+    manifest = convert(DataConfig(source=str(tmp_path / "p.parquet"), label="y", on_bad_record="skip",
+                                  missing="skip"), str(tmp_path / "o"))
     assert manifest.num_bad_records == 2  # the null and the negative class label

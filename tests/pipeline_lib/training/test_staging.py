@@ -145,3 +145,15 @@ def test_stage_split_gives_a_local_eval_manifest(remote, tmp_path):
     assert storage.is_local(staged.dataset_uri)
     assert all(os.path.isfile(os.path.join(staged.dataset_uri, s.path)) for s in remote.shards_for("eval"))
     assert not any(os.path.exists(os.path.join(staged.dataset_uri, s.path)) for s in remote.shards_for("train"))
+
+
+def test_statistics_json_is_staged_with_the_shards(remote, tmp_path):
+    from pipeline_lib.data.statistics import STATISTICS_NAME, load_statistics
+
+    payload = b'{"label": "label", "splits": {}}'
+    import hashlib
+
+    fsspec.filesystem("memory").pipe_file(f"{remote.dataset_uri.removeprefix('memory://')}/{STATISTICS_NAME}", payload)
+    with_statistics = remote.model_copy(update={"statistics_sha256": hashlib.sha256(payload).hexdigest()})
+    staged = staging.stage_split(with_statistics, "eval", cache_dir=str(tmp_path / "cache"))
+    assert load_statistics(staged).label == "label"  # read from the local copy, checked against the manifest

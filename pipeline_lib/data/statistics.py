@@ -1,0 +1,219 @@
+"""Dataset statistics from the conversion pass: per split and column, mergeable exactly across chunks and shards.
+
+Numbers get count, missing, min, max, mean and variance (merged with Chan's parallel update, so chunks, shards or
+files combine in any order) and a log-linear sketch: a float32's sign, exponent and top 5 mantissa bits name its
+bucket, so buckets are about 3 % wide relative to their value, the same for every dataset, and two sketches merge
+by adding counts. Quantiles (the median, drift bins, histograms) come from the sketch. Strings get the count of
+each value (exact up to MAX_TRACKED_VALUES distinct values per column, the most frequent kept beyond), so the
+number of distinct values, the top values and a vocabulary follow.
+
+A missing number is NaN (float32) or MISSING_INT64 (int64) in the converted values, a missing string is empty:
+conversion writes them so when it imputes, and the statistics count them as missing, not as values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from pipeline_lib.core import storage
+from pipeline_lib.data.manifest import DType, Manifest
+
+STATISTICS_NAME = "statistics.json"
+MISSING_INT64 = -(1 << 63)  # a missing int64 value in the records; the input pipeline reads it as NaN
+MAX_TRACKED_VALUES = 10_000
+TOP_VALUES = 10  # shown in reports
+SKETCH_SHIFT = 18  # float32 bits >> 18 keeps sign, exponent and 5 mantissa bits
+NUM_SKETCH_KEYS = 1 << (31 - SKETCH_SHIFT)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NumericStatistics(_Frozen):
+    """One numeric column of one split. `variance` is the population variance (numpy's default, ddof=0)."""
+
+    count: int  # values present (vectors: every element)
+    missing: int
+    min: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    variance: float | None = None
+    sketch: dict[int, int] = {}  # bucket key → count (see `bucket_value`)
+
+    def quantile(self, q: float) -> float | None:
+        """The q-quantile (0..1) from the sketch, within a bucket's width (about 3 %); None without values."""
+        if not self.count:
+            return None
+        keys = sorted(self.sketch, key=bucket_value)
+        target = q * self.count
+        seen = 0
+        for key in keys:
+            seen += self.sketch[key]
+            if seen >= target:
+                return float(min(max(bucket_value(key), self.min), self.max))
+        return self.max
+
+
+class StringStatistics(_Frozen):
+    """One string column of one split: the count of every value (the most frequent ones when `truncated`)."""
+
+    count: int
+    missing: int  # empty or null values
+    values: dict[str, int] = {}
+    truncated: bool = False  # more than MAX_TRACKED_VALUES distinct values: `values` holds the most frequent
+
+    @property
+    def distinct(self) -> int:
+        """Distinct values present (a lower bound when truncated)."""
+        return len(self.values)
+
+    def top(self, k: int = TOP_VALUES) -> list[tuple[str, int]]:
+        """The k most frequent values, ties in value order."""
+        return sorted(self.values.items(), key=lambda item: (-item[1], item[0]))[:k]
+
+
+class FeatureStatistics(_Frozen):
+    """A column of a split: numeric or string statistics, by its dtype."""
+
+    dtype: DType
+    numeric: NumericStatistics | None = None
+    string: StringStatistics | None = None
+
+    @property
+    def count(self) -> int:
+        return (self.numeric or self.string).count
+
+    @property
+    def missing(self) -> int:
+        return (self.numeric or self.string).missing
+
+    @property
+    def missing_rate(self) -> float:
+        total = self.count + self.missing
+        return self.missing / total if total else 0.0
+
+
+class SplitStatistics(_Frozen):
+    num_rows: int
+    features: dict[str, FeatureStatistics]  # every feature and the label
+
+
+class Imputation(_Frozen):
+    """How the model fills a numeric feature's missing values: from the train split's statistics."""
+
+    fill_value: float
+    indicator: bool = False  # the model also gets `<column>_missing` (0 or 1)
+
+
+class DatasetStatistics(_Frozen):
+    """What `statistics.json` holds: per split ("train", "eval") and column, and the imputation of each feature."""
+
+    label: str
+    splits: dict[str, SplitStatistics]
+    imputation: dict[str, Imputation] = {}  # numeric features whose missing values are imputed
+
+    def feature(self, name: str, split: str = "train") -> FeatureStatistics | None:
+        stats = self.splits.get(split)
+        return stats.features.get(name) if stats else None
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+def bucket_key(values: np.ndarray) -> np.ndarray:
+    """The sketch bucket of each float32 value: its top bits, negated (minus one) for negative values."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    magnitude = ((bits & np.uint32(0x7FFFFFFF)) >> np.uint32(SKETCH_SHIFT)).astype(np.int64)
+    return np.where(bits >> np.uint32(31) == 1, -magnitude - 1, magnitude)
+
+
+def bucket_value(key: int) -> float:
+    """The middle of a sketch bucket."""
+    magnitude = key if key >= 0 else -key - 1
+    low = np.array([magnitude << SKETCH_SHIFT], dtype=np.uint32).view(np.float32)[0]
+    high = np.array([(magnitude + 1) << SKETCH_SHIFT], dtype=np.uint32).view(np.float32)[0]
+    middle = (float(low) + float(high)) / 2 if math.isfinite(float(high)) else float(low)
+    return middle if key >= 0 else -middle
+
+
+# --- merging the frozen form ----------------------------------------------------------------------------------
+
+
+def merge_numeric(a: NumericStatistics, b: NumericStatistics) -> NumericStatistics:
+    """The statistics of the union of the rows `a` and `b` describe (two shards, two files)."""
+    if not b.count or not a.count:
+        base = a if a.count else b
+        return base.model_copy(update={"missing": a.missing + b.missing})
+    total = a.count + b.count
+    delta = b.mean - a.mean
+    m2 = a.variance * a.count + b.variance * b.count + delta * delta * a.count * b.count / total
+    sketch = dict(a.sketch)
+    for key, count in b.sketch.items():
+        sketch[key] = sketch.get(key, 0) + count
+    return NumericStatistics(count=total, missing=a.missing + b.missing, min=min(a.min, b.min),
+                             max=max(a.max, b.max), mean=a.mean + delta * b.count / total, variance=m2 / total,
+                             sketch=sketch)
+
+
+def most_frequent(values: dict[str, int]) -> tuple[dict[str, int], bool]:
+    """`values` cut to the MAX_TRACKED_VALUES most frequent ones, and whether anything was cut."""
+    if len(values) <= MAX_TRACKED_VALUES:
+        return values, False
+    return dict(sorted(values.items(), key=lambda item: (-item[1], item[0]))[:MAX_TRACKED_VALUES]), True
+
+
+def merge_string(a: StringStatistics, b: StringStatistics) -> StringStatistics:
+    values = dict(a.values)
+    for key, count in b.values.items():
+        values[key] = values.get(key, 0) + count
+    values, cut = most_frequent(values)
+    return StringStatistics(count=a.count + b.count, missing=a.missing + b.missing, values=dict(sorted(values.items())),
+                            truncated=a.truncated or b.truncated or cut)
+
+
+def merge_features(a: FeatureStatistics, b: FeatureStatistics) -> FeatureStatistics:
+    if a.dtype != b.dtype:
+        raise ValueError(f"cannot merge statistics of a {a.dtype.value} column with a {b.dtype.value} one")
+    if a.numeric is not None:
+        return FeatureStatistics(dtype=a.dtype, numeric=merge_numeric(a.numeric, b.numeric))
+    return FeatureStatistics(dtype=a.dtype, string=merge_string(a.string, b.string))
+
+
+def merge_splits(a: SplitStatistics, b: SplitStatistics) -> SplitStatistics:
+    """Two splits' statistics as one (the columns of both must match)."""
+    if set(a.features) != set(b.features):
+        raise ValueError(f"cannot merge statistics of columns {sorted(a.features)} with {sorted(b.features)}")
+    return SplitStatistics(num_rows=a.num_rows + b.num_rows,
+                           features={n: merge_features(a.features[n], b.features[n]) for n in a.features})
+
+
+# --- the file beside the manifest -----------------------------------------------------------------------------
+
+
+def statistics_bytes(statistics: DatasetStatistics) -> tuple[bytes, str]:
+    """The bytes of statistics.json and their sha256 (which the manifest records)."""
+    payload = statistics.to_json().encode()
+    return payload, hashlib.sha256(payload).hexdigest()
+
+
+def load_statistics(manifest: Manifest, storage_options: dict[str, Any] | None = None) -> DatasetStatistics | None:
+    """The dataset's statistics.json, checked against the manifest's hash; None for a dataset without one.
+
+    Raises:
+        ValueError: when statistics.json does not match the sha256 the manifest records.
+    """
+    if not manifest.statistics_sha256:
+        return None
+    fs, path = storage.get_fs(storage.join(manifest.dataset_uri, STATISTICS_NAME), storage_options)
+    with fs.open(path, "rb") as handle:
+        payload = handle.read()
+    if hashlib.sha256(payload).hexdigest() != manifest.statistics_sha256:
+        raise ValueError(f"{STATISTICS_NAME} of {manifest.dataset_uri} does not match the sha256 its manifest "
+                         "records; convert the source again")
+    return DatasetStatistics.model_validate_json(payload)
