@@ -186,6 +186,7 @@ class TrainConfig(_Frozen):
     seed: int = 42
     deterministic: bool = False
     mixed_precision: bool = False
+    jit_compile: bool = False  # XLA for the forward and backward pass of the step
     checkpoint_every_steps: int = Field(100, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
     log_every_steps: int = Field(50, ge=1)

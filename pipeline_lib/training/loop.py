@@ -100,7 +100,7 @@ def train(
     state = create_training_state(config, manifest, plan, run_dir, cluster, choice)
     hooks.on_restored(state.start_step)
     train_step = create_train_step(choice.strategy, state.model, state.optimizer, config.model.task, global_batch,
-                                   train_config.mixed_precision)
+                                   train_config.mixed_precision, train_config.jit_compile)
     evaluate = Evaluator(state.model, manifest, config.model.task) if cluster.is_chief else None
     progress = ProgressLogger(cluster.is_chief, state.run_storage.local_tensorboard_dir, sink, global_batch,
                               state.start_step)
