@@ -133,3 +133,16 @@ def test_a_run_that_was_not_deterministic_is_refused(tracked_run, tmp_path):
         _replace_artifact(config, summary.mlflow_run_id, reproducibility.RECORD_ARTIFACT, original)
     assert out.returncode == 2, (out.stdout + out.stderr)[-4000:]
     assert "train.deterministic: false" in out.stderr and "--tolerance" in out.stderr
+
+
+def test_reproduce_a_two_worker_multi_worker_mirrored_run_exits_0(tmp_path_factory, prefect_api):
+    from flows.pipeline import training_pipeline
+
+    tmp_path = tmp_path_factory.mktemp("reproduce_mwms")
+    config = parse_config(_reproducible_config(tmp_path, strategy="multi_worker_mirrored", workers=2,
+                                               per_replica_batch_size=32))
+    summary = training_pipeline(config)
+    assert summary.strategy == "multi_worker_mirrored" and summary.num_workers == 2
+    out = _reproduce(config, summary.mlflow_run_id, "--work-dir", str(tmp_path / "rerun"))
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert "bit-identical weights" in out.stdout and "(multi_worker_mirrored, 2 worker(s))" in out.stdout
