@@ -98,7 +98,7 @@ class ReproduceOutcome:
 def _download(client, run_id: str, path: str, into: str, *, required: bool = True) -> bytes | None:
     try:
         local = client.download_artifacts(run_id, path, into)
-    except Exception as error:  # noqa: BLE001 - MLflow raises several types for a missing artifact
+    except Exception as error:
         if not required:
             return None
         raise ReproduceError(
@@ -140,7 +140,7 @@ def load_recorded_run(run_id: str, tracking_uri: str) -> RecordedRun:
     client = create_client(tracking_uri)
     try:
         client.get_run(run_id)
-    except Exception as error:  # noqa: BLE001 - MLflow's not-found is an MlflowException with a code
+    except Exception as error:
         raise ReproduceError(f"MLflow run {run_id!r} was not found at {tracking_uri} ({error}); pass the run id "
                              "from the MLflow UI and the store it lives in (--tracking-uri)") from error
     with tempfile.TemporaryDirectory(prefix="tfdag-reproduce-") as into:

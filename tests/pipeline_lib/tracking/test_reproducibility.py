@@ -58,10 +58,11 @@ def test_the_recorded_config_keeps_env_references_and_masks_secret_values():
 
 
 def test_a_record_says_why_a_run_is_not_reproducible():
-    base = dict(strategy="default", num_workers=1, num_replicas=1, per_replica_batch_size=32, global_batch_size=32,
-                total_steps=10, seed=1, split_seed=0, deterministic=True, shuffle=True, jit_compile=False,
-                data_fingerprint="f", manifest_hash="h", dataset_uri="/d", export_step=10, export_selected_by="latest",
-                tensorflow_version="2.21.0", keras_version="3", python_version="3.11")
+    base = {"strategy": "default", "num_workers": 1, "num_replicas": 1, "per_replica_batch_size": 32,
+            "global_batch_size": 32, "total_steps": 10, "seed": 1, "split_seed": 0, "deterministic": True,
+            "shuffle": True, "jit_compile": False, "data_fingerprint": "f", "manifest_hash": "h", "dataset_uri": "/d",
+            "export_step": 10, "export_selected_by": "latest", "tensorflow_version": "2.21.0", "keras_version": "3",
+            "python_version": "3.11"}
     assert reproducibility.ReproductionRecord(**base).why_not_reproducible() is None
     assert "deterministic: false" in reproducibility.ReproductionRecord(
         **{**base, "deterministic": False}).why_not_reproducible()

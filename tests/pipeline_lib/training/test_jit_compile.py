@@ -10,7 +10,11 @@ from pipeline_lib.training import loop as training
 from pipeline_lib.training import models
 from pipeline_lib.training.errors import TrainingError
 from tests.conftest import make_plan
-from tests.pipeline_lib.launch_support import make_config, plan_for, write_digits_dataset
+from tests.pipeline_lib.launch_support import (
+    make_config,
+    plan_for,
+    write_digits_dataset,
+)
 
 
 def numpy_function_mlp(schema, num_outputs, **params):
