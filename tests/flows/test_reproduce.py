@@ -23,9 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _reproducible_config(tmp_path: Path, **train) -> dict:
-    config = digits_config(tmp_path, strategy="default", cpu_replicas=None, per_replica_batch_size=64, epochs=2,
-                           checkpoint_every_steps=10, deterministic=True, shuffle=True, shuffle_buffer=500,
-                           optimizer="adam", seed=7, **train)
+    settings = {"strategy": "default", "cpu_replicas": None, "per_replica_batch_size": 64, "epochs": 2,
+                "checkpoint_every_steps": 10, "deterministic": True, "shuffle": True, "shuffle_buffer": 500,
+                "optimizer": "adam", "seed": 7, **train}
+    config = digits_config(tmp_path, **settings)
     config["model"] = {"factory": "mlp", "params": {"hidden_units": [32], "dropout": 0.2}}
     config["tracking"] = {"experiment": "reproduce-test"}
     return config
