@@ -77,6 +77,7 @@ def train(
     train_config = config.train
     cluster = cluster if cluster is not None else cluster_from_env()
     hooks = hooks if hooks is not None else TrainHooks()
+    _check_jit_compile(train_config.jit_compile, manifest)  # before any strategy joins a cluster
     if strategy_choice is None:
         strategies.configure_devices(train_config)
         strategy_choice = strategies.create_strategy(train_config, cluster)
@@ -89,7 +90,6 @@ def train(
         manifest = staging.stage_for_worker(manifest, None if is_parameter_server else plan, cluster,
                                             storage_options=config.storage_options)
     is_classification = config.model.task == Task.CLASSIFICATION
-    _check_jit_compile(train_config.jit_compile, manifest)
     coordinator = None
     if is_parameter_server:
         _check_coordinator(cluster, config)
