@@ -30,6 +30,7 @@ TFRecord conversion -> shard planning -> cluster validation -> distributed train
   tfdag convert|plan|validate|train|evaluate CONFIG   one stage alone, without Prefect
   tfdag validate-data CONFIG [--against latest|champion|RUN_ID]   check the data against a baseline run
   tfdag validate-cluster --strategy multi_worker_mirrored   check TF_CONFIG before training
+  tfdag reproduce RUN_ID                  retrain a tracked run and prove its weights bit for bit
   tfdag stack up [--ray N]                local Prefect + MLflow servers, work pool, worker, deployments
                                           (--ray N: and a local Ray cluster of N nodes)
 
@@ -183,6 +184,21 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from pipeline_lib.reproduce.rerun import reproduce
+
+    if args.tracking_uri:
+        tracking_uri = args.tracking_uri
+    elif args.config:
+        tracking_uri = _load(args.config).mlflow_uri
+    else:
+        tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or _load(None).mlflow_uri
+    outcome = reproduce(args.run_id, tracking_uri, tolerance=args.tolerance, work_dir=args.work_dir, log_fn=print)
+    for line in outcome.report_lines():
+        print(f"tfdag | {line}")
+    return EXIT_OK if outcome.reproduced else EXIT_FAILURE
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from pipeline_lib.launch import worker
 
@@ -275,6 +291,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", action="store_true", help="also run the cross-worker preflight against every peer")
     p.add_argument("--run-dir", default=None, help="fsspec URI shared by all tasks for the preflight files")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for every peer (default 60)")
+
+    p = add("reproduce", cmd_reproduce,
+            "retrain a tracked run from its MLflow record and compare the weights: exit 0 reproduced, 1 not",
+            config=False)
+    p.add_argument("run_id", help="the MLflow run id (from `tfdag run` or the MLflow UI)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="the MLflow store (default: --config's, else $MLFLOW_TRACKING_URI, else the bundled config's)")
+    p.add_argument("--config", default=None, help="a pipeline YAML whose MLflow store to read the run from")
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="compare weights within this absolute bound instead of bit for bit (lets a "
+                        "non-deterministic run through)")
+    p.add_argument("--work-dir", default=None, help="where the rerun trains (default: <output_root>/reproduce)")
 
     p = add("worker", cmd_worker, "run one training task (reads TF_CONFIG); what a cluster pod runs", config=False)
     p.add_argument("--spec", required=True, help="path or URI of the worker spec JSON written by the launcher")

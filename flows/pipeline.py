@@ -22,9 +22,10 @@ from pipeline_lib.core import runs, storage
 from pipeline_lib.data import demo as demo_data
 from pipeline_lib.data.statistics import load_statistics
 from pipeline_lib.evaluation import slicing
+from pipeline_lib.evaluation.metrics import load_model
 from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.planning import sharding
-from pipeline_lib.tracking import lineage
+from pipeline_lib.tracking import lineage, reproducibility
 from pipeline_lib.tracking import run as tracking_run
 from pipeline_lib.tracking.baseline import baseline_artifacts
 from pipeline_lib.tracking.params import pipeline_params
@@ -200,10 +201,14 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
     if run_id:
         progress("track")
         params = pipeline_params(config, train_result, plan, manifest, _versions())
+        record = reproducibility.build_record(config, train_result, plan, manifest, export.checkpoint_step,
+                                              export.selected_by)
+        exported_weights = reproducibility.model_weights(load_model(export.keras_path, config.storage_options))
         artifacts: dict[str, str | bytes] = {
-            "config/pipeline.yaml": config.masked_yaml(),
-            "data/manifest.json": manifest.to_json(),
-            "data/shard_plan.json": plan.model_dump_json(indent=2),
+            reproducibility.CONFIG_ARTIFACT: config.masked_yaml(),
+            reproducibility.MANIFEST_ARTIFACT: manifest.to_json(),
+            reproducibility.SHARD_PLAN_ARTIFACT: plan.model_dump_json(indent=2),
+            **reproducibility.reproduction_artifacts(record, exported_weights),
             "data/shard_plan.md": sharding.plan_to_markdown(plan),
             "cluster/cluster_report.json": cluster_report.to_json(),
             "cluster/cluster_report.md": cluster_report.to_markdown(),

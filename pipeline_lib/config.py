@@ -289,6 +289,7 @@ class TrainConfig(_Frozen):
     seed: int = 42
     deterministic: bool = False
     mixed_precision: bool = False
+    jit_compile: bool = False  # XLA for the forward and backward pass of the step
     checkpoint_every_steps: int = Field(100, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
     log_every_steps: int = Field(50, ge=1)
@@ -461,8 +462,13 @@ class PipelineConfig(_Frozen):
 
     def masked_yaml(self) -> str:
         """The resolved config as YAML with every credential masked (secret-named keys at any depth, and the
-        password of a URL such as `http://user:password@host`): safe to log and to store beside a run."""
-        text = yaml.safe_dump(mask_secrets(self.model_dump(mode="json", by_alias=True)), sort_keys=False)
+        password of a URL such as `http://user:password@host`): safe to log and to store beside a run.
+        `${VARIABLE}` references are kept as written, so a rerun resolves them from its own environment."""
+        values = self.model_dump(mode="json", by_alias=True)
+        masked = mask_secrets(values)
+        # Column names, not a credential, though "key" is in the name: a rerun needs them as they were.
+        masked["data"]["split"]["key_columns"] = values["data"]["split"]["key_columns"]
+        text = yaml.safe_dump(masked, sort_keys=False)
         return mask_url_passwords(text)
 
     def config_hash(self) -> str:

@@ -25,7 +25,7 @@ def mask_secrets(values: Mapping[str, Any] | None) -> dict[str, Any]:
     """A copy of `values` safe to log: the value under every secret name replaced by ***.
 
     Nested mappings (fsspec's `client_kwargs`, say) are masked the same way; a secret name masks
-    its whole value, nested or not.
+    its whole value, nested or not, except a `${NAME}` reference, which names a variable, not its value.
 
     Args:
         values: environment variables, storage_options or any other settings; None reads as empty.
@@ -36,9 +36,19 @@ def mask_secrets(values: Mapping[str, Any] | None) -> dict[str, Any]:
     return {name: _masked(str(name), value) for name, value in (values or {}).items()}
 
 
+# A value that is only `${NAME}` references (storage.expand_env) names variables and holds no secret.
+_ENV_REFERENCES_ONLY = re.compile(r"^(\$\{[A-Za-z_][A-Za-z0-9_]*\})+$")
+
+
+def is_env_reference(value: Any) -> bool:
+    """True for a string made only of `${NAME}` references, such as `"${AWS_SECRET_ACCESS_KEY}"`."""
+    return isinstance(value, str) and bool(_ENV_REFERENCES_ONLY.match(value))
+
+
 def _masked(name: str, value: Any) -> Any:
     if is_secret_name(name):
-        return MASK
+        # Kept as written: a rerun resolves the reference from its own environment.
+        return value if is_env_reference(value) else MASK
     if isinstance(value, Mapping):
         return mask_secrets(value)
     return value

@@ -106,12 +106,19 @@ def create_synchronous_dataset_fn(manifest: Manifest, plan: ShardPlan, train_con
 
 def create_parameter_server_dataset_fn(manifest: Manifest, train_config: TrainConfig, global_batch: int,
                                        is_classification: bool) -> DatasetFn:
-    """The `dataset_fn` of parameter_server: workers train asynchronously on their own shuffles of the whole split."""
+    """The `dataset_fn` of parameter_server: workers train asynchronously on their own passes over the whole split.
+
+    With `train.shuffle`, worker i shuffles with `epoch_seed(train.seed, i)` (each pass reshuffled from it), so
+    every worker's order is fixed by the seed; which worker runs which step, and so the updates' order, is not
+    (see the README: parameter-server runs are not reproducible).
+    """
 
     def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         batch = input_context.get_per_replica_batch_size(global_batch)
         return input_pipeline.create_dataset(
-            manifest, "train", batch, shuffle=True, seed=None, shuffle_buffer=train_config.shuffle_buffer,
-            repeat=True, drop_remainder=True, is_classification=is_classification)
+            manifest, "train", batch, shuffle=train_config.shuffle,
+            seed=epoch_seed(train_config.seed, input_context.input_pipeline_id),
+            shuffle_buffer=train_config.shuffle_buffer, repeat=True, drop_remainder=True,
+            is_classification=is_classification)
 
     return dataset_fn

@@ -19,7 +19,7 @@ from pipeline_lib.cluster.info import ClusterInfo, cluster_from_env
 from pipeline_lib.config import PipelineConfig, Strategy, Task
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.planning.sharding import ShardPlan
-from pipeline_lib.training import epochs, staging
+from pipeline_lib.training import epochs, input_pipeline, staging
 from pipeline_lib.training import strategy as strategies
 from pipeline_lib.training.controller import LoopController
 from pipeline_lib.training.errors import TrainingError
@@ -78,6 +78,7 @@ def train(
     train_config = config.train
     cluster = cluster if cluster is not None else cluster_from_env()
     hooks = hooks if hooks is not None else TrainHooks()
+    _check_jit_compile(train_config.jit_compile, manifest)  # before any strategy joins a cluster
     if strategy_choice is None:
         strategies.configure_devices(train_config)
         strategy_choice = strategies.create_strategy(train_config, cluster)
@@ -101,7 +102,7 @@ def train(
     state = create_training_state(config, manifest, plan, run_dir, cluster, choice)
     hooks.on_restored(state.start_step)
     train_step = create_train_step(choice.strategy, state.model, state.optimizer, config.model.task, global_batch,
-                                   train_config.mixed_precision)
+                                   train_config.mixed_precision, train_config.jit_compile)
     evaluate = Evaluator(state.model, manifest, config.model.task) if cluster.is_chief else None
     progress = ProgressLogger(cluster.is_chief, state.run_storage.local_tensorboard_dir, sink, global_batch,
                               state.start_step)
@@ -113,14 +114,22 @@ def train(
                                 before_save=coordinator.join if coordinator is not None else None,
                                 restored_loss=restored.get(TRAIN_LOSS_METRIC, math.nan), profile=profile)
     try:
-        if coordinator is None:
-            dataset_fn = epochs.create_synchronous_dataset_fn(manifest, plan, train_config, choice.num_replicas,
-                                                              global_batch, state.start_step, is_classification)
-            _run_synchronous(choice, dataset_fn, train_step, controller, hooks, plan)
-        else:
-            dataset_fn = epochs.create_parameter_server_dataset_fn(manifest, train_config, global_batch,
-                                                                   is_classification)
-            _run_parameter_server(choice, coordinator, dataset_fn, train_step, controller, hooks, plan)
+        try:
+            if coordinator is None:
+                dataset_fn = epochs.create_synchronous_dataset_fn(manifest, plan, train_config, choice.num_replicas,
+                                                                  global_batch, state.start_step, is_classification)
+                _run_synchronous(choice, dataset_fn, train_step, controller, hooks, plan)
+            else:
+                dataset_fn = epochs.create_parameter_server_dataset_fn(manifest, train_config, global_batch,
+                                                                       is_classification)
+                _run_parameter_server(choice, coordinator, dataset_fn, train_step, controller, hooks, plan)
+        except tf.errors.InvalidArgumentError as error:
+            if train_config.jit_compile and "XLA" in str(error):
+                raise TrainingError(
+                    f"train.jit_compile is on but XLA cannot compile the model's step: {_first_line(error)}; set "
+                    "train.jit_compile: false, or replace the op XLA has no kernel for in the model factory"
+                ) from error
+            raise
         controller.finish()
     finally:
         controller.close()
@@ -151,6 +160,21 @@ def train(
         start_step=state.start_step,
         is_chief=cluster.is_chief,
     )
+
+
+def _check_jit_compile(jit_compile: bool, manifest: Manifest) -> None:
+    """XLA compiles numeric tensors only: string features (hashed inside the model) cannot go through it."""
+    strings = [spec.name for spec in input_pipeline.string_features(manifest.feature_schema)]
+    if jit_compile and strings:
+        raise TrainingError(
+            f"train.jit_compile is on but the data has string feature(s) {strings}, which XLA cannot compile "
+            "(the model hashes them in the step); set train.jit_compile: false, or convert those columns to numbers"
+        )
+
+
+def _first_line(error: Exception) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if "XLA" in line]
+    return (lines[0] if lines else str(error).strip().splitlines()[0])[:300]
 
 
 def _check_final_loss(controller: LoopController, state: TrainingState) -> None:

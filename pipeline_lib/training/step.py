@@ -24,7 +24,8 @@ def create_loss_fn(task: Task) -> LossFn:
 
 
 def create_train_step(strategy: tf.distribute.Strategy, model: keras.Model, optimizer: keras.optimizers.Optimizer,
-                      task: Task, global_batch: int, mixed_precision: bool) -> Callable[[object], tf.Tensor]:
+                      task: Task, global_batch: int, mixed_precision: bool, jit_compile: bool = False
+                      ) -> Callable[[object], tf.Tensor]:
     """One global step: take every replica's next batch from a distributed iterator, update, return the loss.
 
     The step is `tf.function`-safe and has no side effect but the update: the synchronous loop runs several in
@@ -37,20 +38,29 @@ def create_train_step(strategy: tf.distribute.Strategy, model: keras.Model, opti
         task: classification or regression (picks the loss).
         global_batch: the examples of one step over all replicas; the loss is averaged over it.
         mixed_precision: scale the loss before the gradients.
+        jit_compile: compile the forward and backward pass with XLA (`train.jit_compile`). The update stays
+            outside XLA: under a distribution strategy it all-reduces the gradients across replicas, which a
+            compiled cluster cannot do.
 
     Returns:
         `train_step(iterator) -> loss`: the step's loss summed over replicas (each averaged over global_batch).
     """
     per_example_loss = create_loss_fn(task)
 
-    def replica_step(inputs, labels):
+    def loss_and_gradients(inputs, labels):
         with tf.GradientTape() as tape:
             logits = model(inputs, training=True)
             loss = tf.nn.compute_average_loss(per_example_loss(labels, logits), global_batch_size=global_batch)
             if model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
             scaled = optimizer.scale_loss(loss) if mixed_precision else loss
-        gradients = tape.gradient(scaled, model.trainable_variables)
+        return loss, tape.gradient(scaled, model.trainable_variables)
+
+    if jit_compile:
+        loss_and_gradients = tf.function(loss_and_gradients, jit_compile=True)
+
+    def replica_step(inputs, labels):
+        loss, gradients = loss_and_gradients(inputs, labels)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return loss
 

@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training",),
     ("evaluation", "tracking"),
     ("launch",),
+    ("reproduce",),
     ("testing",),
 )
 # Test support: production code reaches it only inside a function, when its environment variable is set.

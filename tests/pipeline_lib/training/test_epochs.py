@@ -76,3 +76,20 @@ def test_training_input_builds_and_repeats_with_seed_zero(tiny_manifest):
     _assert_same_batches(build(), first)
     assert len(first) == 90
     assert not np.array_equal(first[0][1], first[30][1]) and not np.array_equal(first[30][1], first[60][1])
+
+
+def test_parameter_server_input_honours_train_shuffle_and_seed(tiny_manifest):
+    import tensorflow as tf
+
+    def first_labels(**train) -> np.ndarray:
+        fn = epochs.create_parameter_server_dataset_fn(tiny_manifest, _config(shuffle_buffer=64, **train).train,
+                                                       global_batch=16, is_classification=True)
+        context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
+        return np.concatenate([labels.numpy() for _, labels in fn(context).take(8)])
+
+    in_file_order = np.concatenate([labels.numpy() for _, labels in epochs.input_pipeline.create_dataset(
+        tiny_manifest, "train", 16).take(8)])
+    np.testing.assert_array_equal(first_labels(shuffle=False), in_file_order)
+    np.testing.assert_array_equal(first_labels(shuffle=True, seed=3), first_labels(shuffle=True, seed=3))
+    assert not np.array_equal(first_labels(shuffle=True, seed=3), first_labels(shuffle=True, seed=4))
+    assert not np.array_equal(first_labels(shuffle=True, seed=3), in_file_order)
