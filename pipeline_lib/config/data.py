@@ -1,0 +1,84 @@
+"""`data`: the source, its conversion and split, and what a missing value does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from pipeline_lib.config.base import (
+    Compression,
+    DataFormat,
+    ImputeWith,
+    MissingPolicy,
+    OnBadRecord,
+    _Frozen,
+)
+
+
+class SplitConfig(_Frozen):
+    """Deterministic hash split of rows into train and eval."""
+
+    eval_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    seed: int = 0
+    key_columns: tuple[str, ...] | None = None  # None: hash the whole row
+
+
+class ColumnMissingConfig(_Frozen):
+    """`data.missing_columns.<column>`: per-column overrides of the missing-value settings (unset: the data default)."""
+
+    missing: MissingPolicy | None = None
+    impute_with: ImputeWith | None = None
+    impute_value: float | None = None
+    missing_indicator: bool | None = None
+
+
+class ColumnMissing(_Frozen):  # the settings that apply to one column, overrides resolved
+    missing: MissingPolicy
+    impute_with: ImputeWith
+    impute_value: float
+    missing_indicator: bool
+
+
+class DataConfig(_Frozen):
+    source: str  # fsspec URI or glob
+    format: DataFormat = DataFormat.AUTO
+    label: str
+    features: tuple[str, ...] | None = None  # None: every column but the label
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    split: SplitConfig = SplitConfig()
+    target_shard_mb: float = Field(8.0, gt=0.0)
+    compression: Compression = Compression.NONE
+    on_bad_record: OnBadRecord = OnBadRecord.FAIL
+    csv_delimiter: str = ","
+    read_chunk_rows: int = Field(65536, ge=1)
+    missing: MissingPolicy = MissingPolicy.IMPUTE  # features only: a missing label is a bad record
+    impute_with: ImputeWith = ImputeWith.MEAN
+    impute_value: float = 0.0  # with impute_with: constant
+    missing_indicator: bool = False  # impute: add a `<column>_missing` 0/1 input to the model
+    missing_columns: dict[str, ColumnMissingConfig] = Field(default_factory=dict)
+
+    def missing_for(self, column: str) -> ColumnMissing:
+        """The missing-value settings of `column`: its `missing_columns` entry over the data defaults."""
+        override = self.missing_columns.get(column, ColumnMissingConfig())
+        return ColumnMissing(
+            missing=override.missing or self.missing,
+            impute_with=override.impute_with or self.impute_with,
+            impute_value=self.impute_value if override.impute_value is None else override.impute_value,
+            missing_indicator=(self.missing_indicator if override.missing_indicator is None
+                               else override.missing_indicator),
+        )
+
+    @model_validator(mode="after")
+    def _missing_label(self) -> DataConfig:
+        if self.label in self.missing_columns:
+            raise ValueError(f"missing_columns names the label {self.label!r}; a missing label is never imputed "
+                             "but a bad record (data.on_bad_record decides); remove it from missing_columns")
+        return self
+
+    @field_validator("source")
+    @classmethod
+    def _source_not_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must be a non-empty fsspec URI or glob, e.g. ./data/*.csv or s3://bucket/raw/*.parquet")
+        return value

@@ -1,0 +1,154 @@
+"""`PipelineConfig` (every section) and loading it: from YAML, a dict or a path, with errors that name the key,
+the value, where it came from and the fix."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError
+
+from pipeline_lib.config.base import DEFAULT_ROOT, ConfigError, _Frozen
+from pipeline_lib.config.data import DataConfig
+from pipeline_lib.config.evaluation import EvaluationConfig
+from pipeline_lib.config.run import (
+    ObservabilityConfig,
+    PreflightConfig,
+    TrackingConfig,
+    ValidationConfig,
+)
+from pipeline_lib.config.train import ModelConfig, TrainConfig
+from pipeline_lib.core.secrets import mask_secrets, mask_url_passwords
+
+
+class PipelineConfig(_Frozen):
+    name: str = "pipeline"
+    data: DataConfig
+    output_root: str = DEFAULT_ROOT
+    storage_options: dict[str, Any] = Field(default_factory=dict)  # for output_root
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    preflight: PreflightConfig = PreflightConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
+    validation: ValidationConfig = ValidationConfig()
+
+    @property
+    def mlflow_uri(self) -> str:
+        """The MLflow tracking URI: tracking.mlflow_uri, else $MLFLOW_TRACKING_URI, else a sqlite store in output_root."""
+        if self.tracking.mlflow_uri:
+            return self.tracking.mlflow_uri
+        if os.environ.get("MLFLOW_TRACKING_URI"):  # what `tfdag stack up` gives the worker's flow runs
+            return os.environ["MLFLOW_TRACKING_URI"]
+        root = self.output_root
+        if "://" in root and not root.startswith("file://"):
+            root = DEFAULT_ROOT
+        root = root.removeprefix("file://")
+        return f"sqlite:///{os.path.abspath(os.path.join(root, 'mlflow.db'))}"
+
+    def masked_yaml(self) -> str:
+        """The resolved config as YAML with every credential masked (secret-named keys at any depth, and the
+        password of a URL such as `http://user:password@host`): safe to log and to store beside a run.
+        `${VARIABLE}` references are kept as written, so a rerun resolves them from its own environment."""
+        values = self.model_dump(mode="json", by_alias=True)
+        masked = mask_secrets(values)
+        # Column names, not a credential, though "key" is in the name: a rerun needs them as they were.
+        masked["data"]["split"]["key_columns"] = values["data"]["split"]["key_columns"]
+        text = yaml.safe_dump(masked, sort_keys=False)
+        return mask_url_passwords(text)
+
+    def config_hash(self) -> str:
+        """Stable sha256 of the configuration, secrets included only as hashed input."""
+        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(payload).hexdigest()
+
+
+def _format_value(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    """The field names allowed at the parent of `loc`, for unknown-key errors."""
+    current: Any = model
+    for part in loc[:-1]:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return None
+        annotation = field.annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        current = next(
+            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
+        )
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return sorted(current.model_fields)
+    return None
+
+
+def format_validation_error(error: ValidationError, source: str) -> str:
+    """One line per problem: key path, source, bad value and what is allowed."""
+    lines = []
+    for item in error.errors():
+        loc = tuple(p for p in item["loc"] if not str(p).startswith("function-"))
+        path = ".".join(str(p) for p in loc) or "<top level>"
+        value = item.get("input")
+        kind = item["type"]
+        if kind == "extra_forbidden":
+            allowed = _allowed_keys(PipelineConfig, loc)
+            hint = f"; allowed keys here: {', '.join(allowed)}" if allowed else ""
+            lines.append(f"{path} in {source} is not a known key{hint}")
+        elif kind == "missing":
+            lines.append(f"{path} in {source} is required but missing")
+        else:
+            msg = item["msg"].removeprefix("Value error, ")
+            lines.append(f"{path} ({_format_value(value)}) in {source}: {msg}")
+    return "invalid configuration:\n  - " + "\n  - ".join(lines)
+
+
+def parse_config(data: dict[str, Any], source: str = "<inline config>") -> PipelineConfig:
+    """Validate a mapping into a PipelineConfig.
+
+    Raises:
+        ConfigError: naming every bad key path, the source, the value and the fix.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source} must hold a YAML mapping at the top level, got {type(data).__name__}")
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error, source)) from None
+
+
+def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
+    """Load one pipeline's YAML file.
+
+    Raises:
+        ConfigError: when the file is missing, is not YAML, or holds an invalid value.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist; pass the path of a pipeline YAML file")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{file.name} is not valid YAML: {error}") from None
+    return parse_config(data if data is not None else {}, source=file.name)
+
+
+def resolve_config(config: PipelineConfig | dict[str, Any] | str | os.PathLike[str]) -> PipelineConfig:
+    """Accept a config object, an inline mapping, a YAML path, or inline YAML text."""
+    if isinstance(config, PipelineConfig):
+        return config
+    if isinstance(config, dict):
+        return parse_config(config)
+    text = str(config)
+    if "\n" in text or (text.lstrip().startswith("{") and not Path(text).exists()):
+        return parse_config(yaml.safe_load(text) or {}, source="<inline YAML>")
+    return load_config(text)

@@ -1,0 +1,56 @@
+"""The sections around a run: `tracking`, `observability`, `validation` and `preflight`."""
+
+from __future__ import annotations
+
+from pydantic import ConfigDict, Field, field_validator
+
+from pipeline_lib.config.base import RegisterPolicy, _Frozen
+
+
+class TrackingConfig(_Frozen):
+    mlflow_uri: str | None = None  # None: sqlite:///<output_root>/mlflow.db
+    experiment: str = "tfdag"
+    # `register` in the YAML; BaseModel has a `register` attribute, so the field has another name.
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True, serialize_by_alias=True)
+
+    registered_model: str | None = None
+    register_policy: RegisterPolicy = Field(RegisterPolicy.BLESSED, alias="register")
+    artifact_location: str | None = None  # fsspec/MLflow artifact root for a new experiment
+    enabled: bool = True
+
+
+class ObservabilityConfig(_Frozen):
+    # A Prometheus endpoint on every training task and on the supervisor: 0 = a free port each, null = off.
+    prometheus_port: int | None = Field(0, ge=0, le=65535)
+    # [start, stop): global steps traced by TensorFlow's profiler on the chief, into the run's TensorBoard directory.
+    profile_steps: tuple[int, int] | None = None
+    # The profiler server on each task for captures on demand from TensorBoard (null: none).
+    profiler_port: int | None = Field(None, ge=1, le=65535)
+
+    @field_validator("profile_steps")
+    @classmethod
+    def _window(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not 0 <= value[0] < value[1]:
+            raise ValueError(f"profile_steps {list(value)} must be [start, stop] with 0 ≤ start < stop, e.g. [10, 20]")
+        return value
+
+
+class DriftConfig(_Frozen):  # `validation.drift`: thresholds between this train split and the baseline's
+    jensen_shannon: float = Field(0.1, gt=0.0, le=1.0)  # numeric features (base-2 Jensen-Shannon divergence)
+    l_infinity: float = Field(0.1, gt=0.0, le=1.0)  # string features (largest change of one value's share)
+
+
+class ValidationConfig(_Frozen):
+    """`validation`: the data check before training, against the statistics of a baseline run."""
+
+    enabled: bool = True
+    against: str = "latest"  # latest | champion | an MLflow run id
+    drift: DriftConfig = DriftConfig()
+    max_missing_rate_increase: float = Field(0.05, ge=0.0, le=1.0)  # absolute, e.g. 0.02 → 0.08 is a jump
+    max_unseen_share: float = Field(0.01, ge=0.0, le=1.0)  # rows whose string value the baseline never saw
+    allow: tuple[str, ...] = ()  # anomaly names accepted, e.g. "drift:proline" or "unseen_values:*"
+
+
+class PreflightConfig(_Frozen):
+    enabled: bool = True
+    timeout_s: float = Field(60.0, gt=0.0)

@@ -1,0 +1,145 @@
+"""`model` and `train`: the model factory, the strategy, the launcher (local or Ray) and the loop's settings."""
+
+from __future__ import annotations
+
+import enum
+import os
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pipeline_lib.config.base import (
+    AutoShard,
+    Collective,
+    ConfigError,
+    LrScaling,
+    Strategy,
+    Task,
+    _Frozen,
+    strategy_for_cluster,
+)
+
+
+class ModelConfig(_Frozen):
+    factory: str = "mlp"  # "mlp", "cnn" or "module:function"
+    params: dict[str, Any] = Field(default_factory=dict)
+    task: Task = Task.CLASSIFICATION
+    num_classes: int | None = Field(None, ge=2)  # None: inferred from the label values
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_form(cls, value: str) -> str:
+        if value in ("mlp", "cnn"):
+            return value
+        module, sep, func = value.partition(":")
+        if not sep or not module or not func:
+            raise ValueError("must be 'mlp', 'cnn' or 'package.module:function'")
+        return value
+
+
+class Launcher(str, enum.Enum):
+    LOCAL = "local"  # worker processes on this machine
+    RAY = "ray"  # one Ray actor per task on a Ray cluster
+
+
+class RayPlacement(str, enum.Enum):
+    SPREAD = "spread"  # one task per node (STRICT_SPREAD)
+    PACK = "pack"  # as few nodes as fit (PACK)
+
+
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
+
+
+class RayConfig(_Frozen):
+    """`train.ray`: where the Ray cluster is and what each task reserves on it (used when train.launcher is ray)."""
+
+    address: str | None = None  # None: $RAY_ADDRESS
+    resources_per_worker: dict[str, float] = Field(default_factory=lambda: {"CPU": 1.0})
+    placement: RayPlacement = RayPlacement.SPREAD
+    runtime_env: dict[str, Any] = Field(default_factory=dict)  # passed through to every task's actor
+    node_ip_address: str | None = None  # this driver's IP as Ray nodes reach it (ray.init's _node_ip_address)
+    placement_timeout_s: float = Field(60.0, gt=0.0)
+
+    @field_validator("resources_per_worker")
+    @classmethod
+    def _known_resources(cls, value: dict[str, float]) -> dict[str, float]:
+        negative = {k: v for k, v in value.items() if v < 0}
+        if negative:
+            raise ValueError(f"resources_per_worker {negative} must be ≥ 0 (CPU, GPU, memory in bytes, or a custom "
+                             "resource of your nodes)")
+        if not any(v > 0 for v in value.values()):
+            raise ValueError(f"resources_per_worker ({value}) reserves nothing; give each task at least one "
+                             "resource, e.g. {CPU: 1}")
+        return value
+
+    def resolved_address(self, environ: dict[str, str] | None = None) -> str:
+        """train.ray.address, else $RAY_ADDRESS.
+
+        Raises:
+            ConfigError: when neither is set, naming both.
+        """
+        environ = os.environ if environ is None else environ
+        address = self.address or environ.get(RAY_ADDRESS_ENV, "").strip()
+        if not address:
+            raise ConfigError("train.launcher is 'ray' but neither train.ray.address nor the RAY_ADDRESS environment "
+                              "variable is set; set train.ray.address to the Ray head (e.g. '10.0.0.5:6379' or "
+                              "'ray://head:10001') or export RAY_ADDRESS")
+        return address
+
+
+class TrainConfig(_Frozen):
+    launcher: Launcher = Launcher.LOCAL
+    ray: RayConfig = RayConfig()
+    strategy: Strategy = Strategy.AUTO
+    cpu_replicas: int | None = Field(None, ge=1)
+    workers: int = Field(1, ge=1)
+    parameter_servers: int = Field(0, ge=0)
+    per_replica_batch_size: int = Field(32, ge=1)
+    base_learning_rate: float = Field(1e-3, gt=0.0)
+    lr_scaling: LrScaling = LrScaling.LINEAR
+    warmup_steps: int = Field(0, ge=0)
+    optimizer: Literal["adam", "sgd"] = "adam"
+    epochs: int = Field(5, ge=1)
+    steps: int | None = Field(None, ge=1)  # total steps; overrides epochs
+    steps_per_execution: int = Field(1, ge=1)
+    shuffle: bool = True
+    autoshard: AutoShard = AutoShard.AUTO
+    shuffle_buffer: int = Field(10000, ge=1)
+    seed: int = 42
+    deterministic: bool = False
+    mixed_precision: bool = False
+    jit_compile: bool = False  # XLA for the forward and backward pass of the step
+    checkpoint_every_steps: int = Field(100, ge=1)
+    keep_checkpoints: int = Field(3, ge=1)
+    log_every_steps: int = Field(50, ge=1)
+    communication: Collective = Collective.AUTO
+    gradient_pack_mb: float = Field(0.0, ge=0.0)  # 0: TensorFlow's default packing
+    hang_timeout_s: float = Field(300.0, gt=0.0)
+    max_restarts: int = Field(3, ge=0)
+    restart_backoff_s: float = Field(1.0, ge=0.0)
+    timeout_s: float | None = Field(None, gt=0.0)
+    warm_start_uri: str | None = None
+
+    def uses_parameter_server(self, cluster_has_ps: bool | None = None) -> bool:
+        """Whether this run trains under parameter_server: the one rule launcher, worker and strategy share.
+
+        `strategy: parameter_server` always does; `auto` does when there are ps tasks: those TF_CONFIG lists
+        (`cluster_has_ps`, once a cluster exists) or, before the launcher starts one, `parameter_servers` > 0.
+        """
+        has_ps = cluster_has_ps if cluster_has_ps is not None else self.parameter_servers > 0
+        return strategy_for_cluster(self.strategy, has_ps=has_ps, num_workers=1) == Strategy.PARAMETER_SERVER
+
+    @model_validator(mode="after")
+    def _combinations(self) -> TrainConfig:
+        if self.parameter_servers and self.strategy not in (Strategy.PARAMETER_SERVER, Strategy.AUTO):
+            raise ValueError(
+                f"parameter_servers ({self.parameter_servers}) needs strategy 'parameter_server', "
+                f"not '{self.strategy.value}'; set train.strategy: parameter_server or parameter_servers: 0"
+            )
+        if self.strategy == Strategy.PARAMETER_SERVER and self.workers > 1 and self.parameter_servers < 1:
+            raise ValueError(
+                "strategy 'parameter_server' with workers > 1 needs train.parameter_servers ≥ 1"
+            )
+        if self.strategy == Strategy.MULTI_WORKER_MIRRORED and self.parameter_servers:
+            raise ValueError("strategy 'multi_worker_mirrored' cannot use parameter servers; set parameter_servers: 0")
+        return self
