@@ -27,6 +27,7 @@ import logging
 import signal
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -48,6 +49,9 @@ from pipeline_lib.training.results import TrainResult
 logger = logging.getLogger(__name__)
 
 STATUS_TIMEOUT_S = 10.0
+# The supervisor polls every 0.1 s and several times per cycle; one actor call per task this often is enough
+# (heartbeats are written every 0.5 s) and keeps the calls off the training's CPUs.
+STATUS_INTERVAL_S = 0.5
 PROBE_TIMEOUT_S = 5.0
 KILL_TIMEOUT_S = 10.0
 # Ray's names for resources an actor requests with its own arguments; the rest are custom resources.
@@ -141,11 +145,16 @@ class RayTaskHandle:
         self._code: int | None = None
         self._beat: dict[str, Any] | None = None
         self._stopped = False
+        self._polled_at = float("-inf")
         self.lost: str | None = None
 
-    def _refresh(self) -> None:
+    def _refresh(self, force: bool = False) -> None:
         if self._code is not None:
             return
+        now = time.monotonic()
+        if not force and now - self._polled_at < STATUS_INTERVAL_S:
+            return
+        self._polled_at = now
         ray = _ray()
         try:
             status = ray.get(self.actor.status.remote(self._cursor), timeout=STATUS_TIMEOUT_S)
@@ -198,7 +207,7 @@ class RayTaskHandle:
         ray.kill(self.actor, no_restart=True)
 
     def reap(self, timeout_s: float = 10.0) -> None:
-        self._refresh()
+        self._refresh(force=True)
 
 
 class RayGroup:

@@ -351,6 +351,11 @@ class AttemptSupervisor:
         name, code = next((n, c) for n, c in failures if kinds[n] == "retryable")
         if code == PREEMPTION_EXIT_CODE:
             self._wait_for_peers(PREEMPTION_GRACE_S)
+            # Every task exits 138 after the coordinated checkpoint, in whatever order: name the first in task
+            # order (the chief first), not whichever exit the poll happened to see first.
+            later = {p.task.name: p.poll() for p in self.processes}
+            name = next((n for n, c in later.items() if c == PREEMPTION_EXIT_CODE), name)
+            code = later.get(name, code) or code
         by_name = {p.task.name: p for p in self.processes}
         return AttemptOutcome("retryable", cause=f"{name} {by_name[name].describe_exit(code)}", task=name,
                               exit_code=code)
