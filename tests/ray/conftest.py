@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from tests.pipeline_lib.launch_support import REPO_ROOT
-from tests.s3.conftest import s3, s3_server  # noqa: F401 - the S3 fixtures, shared with tests/s3
+from tests.stores.conftest import s3, s3_server  # noqa: F401 - the S3 fixtures, shared with tests/stores
 
 RAY_IP = "127.0.0.2"
 WORKER_NODE = "tfdag_worker_node"  # flows.ray_stack.WORKER_NODE: every node but the head

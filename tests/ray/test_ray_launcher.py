@@ -28,7 +28,7 @@ from tests.pipeline_lib.launch_support import (
     write_digits_dataset,
 )
 from tests.ray.conftest import RAY_IP, WORKER_NODE
-from tests.s3.conftest import BUCKET
+from tests.stores.conftest import BUCKET
 
 DIGITS_MODEL = {"factory": "mlp", "params": {"hidden_units": [64]}}
 
