@@ -18,6 +18,9 @@ logger = logging.getLogger(__name__)
 # MLflow 3's experiment kind: "custom_model_development" opens the model-training view, not the GenAI one.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING_KIND = "custom_model_development"
+# MLflow 3.17's UI picks its GenAI or model-training view from this URL parameter (else the browser's last choice,
+# GenAI at first): the links tfdag gives carry it.
+MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 # MLflow's own limit on a dataset digest (mlflow.utils.validation.MAX_DATASET_DIGEST_SIZE).
 _MAX_DIGEST = 36
 # The context MLflow shows beside each dataset of a run.

@@ -252,8 +252,9 @@ def log_artifacts(run_id: str, tracking_uri: str, files: Mapping[str, str | byte
 
 
 def run_ui_url(tracking_uri: str, run_id: str) -> str | None:
-    """The MLflow UI page of a run when the store is an MLflow server (http/https), else None."""
+    """The MLflow UI page of a run when the store is an MLflow server (http/https), else None; opened in MLflow's
+    model-training view (the UI's default is its GenAI view)."""
     if not tracking_uri.startswith(("http://", "https://")):
         return None
     experiment_id = create_client(tracking_uri).get_run(run_id).info.experiment_id
-    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{lineage.MODEL_TRAINING_VIEW}"

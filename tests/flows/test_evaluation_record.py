@@ -108,11 +108,18 @@ def test_the_mlflow_ui_shows_the_blessing_the_slices_and_the_confusion_matrix(sl
     summary = sliced_run.summary
     from mlflow.tracking import MlflowClient
 
+    from pipeline_lib.tracking import run as tracking_run
+
     client = MlflowClient(tracking_uri=sliced_run.mlflow_url)
     run = client.get_run(summary.mlflow_run_id)
     base = f"{sliced_run.mlflow_url}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
     shots = tmp_path / "screenshots"
+    experiment = f"{sliced_run.mlflow_url}/#/experiments/{run.info.experiment_id}?workflowType=machine_learning"
+    assert tracking_run.run_ui_url(sliced_run.mlflow_url, run.info.run_id) == f"{base}?workflowType=machine_learning"
     pages = {
+        # The experiment in MLflow's model-training view: its runs table (with the run and its dataset), no GenAI
+        # pages such as Judges in the sidebar.
+        "experiment": (experiment, [run.info.run_name, "regions-slices-train", "Model registry"]),
         "run": (base, ["tfdag.blessed", "regions-slices"]),
         "slices": (f"{base}/artifacts/evaluation/slices.md", ["slices.md", "region=south"]),
         "confusion_matrix": (f"{base}/artifacts/evaluation/plots/confusion_matrix.png",
@@ -128,5 +135,7 @@ def test_the_mlflow_ui_shows_the_blessing_the_slices_and_the_confusion_matrix(sl
                 break
         missing = [text for text in expected if text not in dom]
         assert not missing, f"{url} does not show {missing}; page text starts:\n{dom[:3000]}"
+        if name == "experiment":
+            assert "Judges" not in dom, "the experiment opened in MLflow's GenAI view"
         screenshot(chromium, url, str(tmp_path / f"profile-{name}-shot"), shots / f"{name}.png")
         assert (shots / f"{name}.png").stat().st_size > 10_000
