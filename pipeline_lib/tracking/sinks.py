@@ -18,6 +18,15 @@ _MAX_METRICS_PER_BATCH = 1000
 _MAX_BUFFERED_METRICS = 100_000
 # How often the chief samples CPU, memory, disk and network (and GPUs where present) for MLflow's System metrics.
 SYSTEM_METRICS_INTERVAL_S = 2.0
+# The loop's per-checkpoint evaluation (`eval_accuracy` at each checkpoint) is a curve, not the run's result: in MLflow
+# it is logged as `checkpoint/eval_accuracy`, so the metrics table never shows the last checkpoint's value under a
+# name a reader takes for the exported model's (that is `final_eval_accuracy`, linked to the logged model).
+CHECKPOINT_METRIC_PREFIX = "checkpoint/"
+
+
+def mlflow_metric_name(name: str) -> str:
+    """The MLflow name of a metric the training loop reports: `eval_*` → `checkpoint/eval_*`, others unchanged."""
+    return f"{CHECKPOINT_METRIC_PREFIX}{name}" if name.startswith("eval_") else name
 
 
 class MlflowSink:
@@ -37,7 +46,8 @@ class MlflowSink:
 
         timestamp = int(time.time() * 1000)
         for name, value in metrics.items():
-            self._pending.append(Metric(key=name, value=float(value), timestamp=timestamp, step=int(step)))
+            self._pending.append(Metric(key=mlflow_metric_name(name), value=float(value), timestamp=timestamp,
+                                       step=int(step)))
         if len(self._pending) >= self.flush_every:
             self.flush()
 

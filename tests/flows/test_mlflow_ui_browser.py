@@ -15,7 +15,7 @@ def test_mlflow_ui_shows_the_runs_metric_names(retrain_scenario, mlflow_client, 
     run = mlflow_client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])[0]
     base = retrain_scenario.running.state.mlflow_url
     url = f"{base}/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}"
-    expected = {"loss", "eval_accuracy", "final_eval_accuracy"} | {name for name in run.data.metrics if name.startswith("final_eval_")}
+    expected = {"loss", "checkpoint/eval_accuracy", "final_eval_accuracy"} | {name for name in run.data.metrics if name.startswith("final_eval_")}
     assert expected <= set(run.data.metrics)
 
     # The UI renders in the browser from the REST API; give the page more virtual time when it is not there yet.

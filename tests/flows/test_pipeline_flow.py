@@ -70,6 +70,9 @@ def test_training_pipeline_end_to_end(tmp_path, prefect_api):
     assert len(history) >= 3
     assert history[-1].value < history[0].value
     assert run.data.metrics["final_eval_accuracy"] == pytest.approx(summary.metrics["accuracy"])
+    # The per-checkpoint evaluations are a curve under `checkpoint/`, one value per checkpoint.
+    assert "eval_accuracy" not in run.data.metrics
+    assert len(client.get_metric_history(run.info.run_id, "checkpoint/eval_accuracy")) >= 2
     assert run.data.tags["prefect_flow_run_id"]
 
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}

@@ -27,6 +27,20 @@ def test_mlflow_sink_batches_into_the_metric_history(tmp_path):
     assert [(m.step, m.value) for m in history] == [(1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3)), (4, 0.2)]
 
 
+def test_mlflow_sink_logs_checkpoint_evaluations_apart_from_the_exported_models_metrics(tmp_path):
+    config = tracking_config(tmp_path)
+    run_id = tracking.start_run(config, "sink-names")
+    sink = sinks.MlflowSink(run_id, config.mlflow_uri, flush_every=100)
+    sink.log_metrics({"loss": 0.5, "eval_accuracy": 0.9, "eval_loss": 0.3}, step=10)
+    sink.log_metrics({"loss": 0.4, "eval_accuracy": 0.7, "eval_loss": 0.6}, step=20)  # a worse last checkpoint
+    sink.flush()
+    tracking.log_final_metrics(run_id, config.mlflow_uri, {"accuracy": 0.9, "loss": 0.3}, step=20)
+    metrics = MlflowClient(config.mlflow_uri).get_run(run_id).data.metrics
+    # No bare `eval_accuracy` of the last checkpoint (0.7) beside the exported model's 0.9.
+    assert metrics == {"loss": 0.4, "checkpoint/eval_accuracy": 0.7, "checkpoint/eval_loss": 0.6,
+                       "final_eval_accuracy": 0.9, "final_eval_loss": 0.3}
+
+
 def test_create_sink_gives_mlflow_only_to_the_chief_of_a_tracked_run(tmp_path):
     config = tracking_config(tmp_path)
     run_id = tracking.start_run(config, "factory")
