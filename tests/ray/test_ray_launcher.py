@@ -4,7 +4,6 @@ data and run dir on moto's S3, clear errors before any actor, and nothing of a r
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -257,43 +256,69 @@ def test_fifty_deterministic_steps_on_ray_end_with_the_local_launchers_weights(r
 
 
 @pytest.mark.slow
-def test_sigkill_of_the_raylet_hosting_worker_1_restarts_on_the_spare_node_to_the_exact_step(ray_cluster, s3,
-                                                                                             tmp_path):
-    # Last in this module: it kills one of the session cluster's nodes for good.
+def test_sigkill_of_the_raylet_hosting_worker_1_restarts_on_the_spare_node_with_the_restart_in_mlflow_and_prefect(
+        ray_cluster, prefect_api, tmp_path):
+    # Last in this module: it kills one of the session cluster's nodes for good. Through the pipeline flow, so the
+    # restart is asserted where a user reads it: the summary, MLflow and the Prefect flow run's log.
+    from mlflow.tracking import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from flows.pipeline import training_pipeline
+    from pipeline_lib.config import parse_config
+    from tests.flows.test_pipeline_flow import digits_config
+
     spare = ray_cluster.add_node("node_3")
-    dataset = _digits_on_s3(s3, tmp_path, "raylet")
-    root = f"s3://{BUCKET}/raylet/out"
-    config = _ray_config(ray_cluster, root, checkpoint_every_steps=10, log_every_steps=5, max_restarts=3,
-                         ray={"resources_per_worker": {"CPU": 1, WORKER_NODE: 1}, "placement_timeout_s": 90})
-    spec = make_spec(config, dataset, plan_for(dataset, config, steps=200), f"{root}/run")
-    logs = LogCapture()
+    values = digits_config(tmp_path, strategy="multi_worker_mirrored", cpu_replicas=None, workers=2, epochs=10,
+                           checkpoint_every_steps=20, log_every_steps=10, max_restarts=3, launcher="ray",
+                           ray={"address": ray_cluster.address, "node_ip_address": RAY_IP, "placement_timeout_s": 90,
+                                "resources_per_worker": {"CPU": 1, WORKER_NODE: 1}})
+    values["name"] = "digits-ray-raylet"
+    config = parse_config(values)
     outcome: dict = {}
 
     def run():
         try:
-            outcome["result"] = launch_on_ray(spec, config, log_fn=logs)
+            outcome["summary"] = training_pipeline(config)
         except BaseException as error:  # noqa: BLE001 - re-raised in the test thread
             outcome["error"] = error
 
     thread = threading.Thread(target=run)
     thread.start()
-    deadline = time.monotonic() + 240
-    while not re.search(r"\[worker 0 @ [0-9.]+\] .*train \| step:\s+(2\d|[3-9]\d)", logs.text):
-        assert time.monotonic() < deadline and thread.is_alive(), logs.text[-3000:]
+    deadline = time.monotonic() + 400
+    while not list((tmp_path / "out").rglob("ckpt-20*")):  # the chief saved step 20: training is under way
+        assert time.monotonic() < deadline and thread.is_alive(), outcome
         time.sleep(0.5)
     (worker_1,) = [a for a in ray_cluster.alive_actors() if a.name.endswith("-worker 1")]
     lost = worker_1.node_id
     assert ray_cluster.label_of_node(lost) != "node_head"
     os.kill(ray_cluster.raylet_pid(lost), signal.SIGKILL)
-    thread.join(timeout=400)
-    assert not thread.is_alive(), logs.text[-3000:]
+    hosts_after: set[str] = set()  # the nodes of the restarted group's actors
+    while thread.is_alive():
+        assert time.monotonic() < deadline + 400, "the flow did not end within 800 s"
+        hosts_after |= {a.node_id for a in ray_cluster.alive_actors()}
+        time.sleep(0.5)
     if "error" in outcome:
         raise outcome["error"]
-    launched = outcome["result"]
-    assert launched.result.final_step == 200
-    assert len(launched.restarts) >= 1 and launched.restarts[0].resumed_step is not None
-    assert "[supervisor] restart 1/3" in logs.text
-    nodes_after = {a.node_id for a in ray_cluster.alive_actors()}
-    assert nodes_after == set()  # nothing left
+    summary = outcome["summary"]
+
+    client = MlflowClient(tracking_uri=config.mlflow_uri)
+    run = client.get_run(summary.mlflow_run_id)
+    assert summary.final_step == int(run.data.params["total_steps"])  # exactly the planned steps
+    assert summary.num_restarts >= 1 and summary.blessed
+    assert spare in hosts_after and lost not in hosts_after  # the restarted group took the spare node
+    story = run.data.tags["tfdag.restart.1"]
+    assert "worker 1" in story and "resumed at step" in story, story
+    assert client.get_metric_history(run.info.run_id, "num_restarts")[-1].value == summary.num_restarts
+    assert run.info.status == "FINISHED"
+    messages: list[str] = []
+    for _ in range(20):
+        with get_client(sync_client=True) as prefect:
+            logs = prefect.read_logs(log_filter=LogFilter(
+                flow_run_id=LogFilterFlowRunId(any_=[run.data.tags["prefect_flow_run_id"]])))
+        messages = [log.message for log in logs]
+        if any(m.startswith("restart 1 of") for m in messages):
+            break
+        time.sleep(0.5)
+    assert any(m.startswith("restart 1 of") and "worker 1" in m for m in messages), messages[-20:]
     _nothing_left(ray_cluster)
-    assert spare in ray_cluster.node_of_label.values()

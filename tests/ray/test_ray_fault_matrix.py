@@ -1,0 +1,106 @@
+"""The fault matrix of tests/pipeline_lib/launch/test_fault_matrix.py on the Ray launcher: the same test functions.
+
+The same test functions run here with a harness that starts each run with `launch_on_ray` on the session's Ray
+cluster (two tasks on two nodes, `STRICT_SPREAD`): the outside finds each task's worker process, started by its
+actor on its node, by the run's marker in its environment; heartbeats, exits and output reach the supervisor
+through actor calls. After every case no actor, placement group or worker process of the run is left.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+
+import psutil
+import pytest
+
+from pipeline_lib.launch.ray_launcher import launch_on_ray
+from tests.pipeline_lib.launch import test_fault_matrix as matrix
+from tests.pipeline_lib.launch.test_fault_matrix import dataset  # noqa: F401 - the matrix's data, a fixture
+from tests.pipeline_lib.launch_support import make_config
+from tests.ray.conftest import RAY_IP
+
+pytestmark = pytest.mark.slow
+
+# A Ray case takes 1–2 minutes on 2 cores (actors and worker processes start again at every attempt), so `make test`
+# runs one case of each kind: a kill at start-up (seen through the actor's heartbeat), at the first step and after
+# the final checkpoint; a SIGSTOP while stepping, saving and finishing; a second fault during the restart; SIGTERM
+# in the last 10 steps. `TFDAG_RAY_FAULT_MATRIX=full` runs every case of the matrix here (about 25 more minutes).
+IN_MAKE_TEST = {
+    "test_chief_sigkilled_during_start_up",
+    "test_non_chief_sigkilled_at_its_first_step",
+    "test_chief_sigkilled_after_the_final_checkpoint_resumes_at_the_final_step",
+    "test_non_chief_sigstopped_while_stepping_is_caught_as_a_hang",
+    "test_chief_sigstopped_while_saving_is_caught_as_a_hang",
+    "test_chief_sigstopped_while_finishing_is_caught_as_a_hang",
+    "test_a_second_fault_during_the_restart_the_first_caused",
+    "test_non_chief_preempted_in_its_last_10_steps",
+}
+FULL_MATRIX = os.environ.get("TFDAG_RAY_FAULT_MATRIX") == "full"
+
+
+def _here(name: str, case):
+    """The matrix's case as a test of this module (a new function: marks put on it stay here)."""
+    @functools.wraps(case)
+    def run_on_ray(*args, **kwargs):
+        return case(*args, **kwargs)
+
+    if not (FULL_MATRIX or name in IN_MAKE_TEST):
+        run_on_ray = pytest.mark.skip(reason="one of the Ray matrix's longer runs: TFDAG_RAY_FAULT_MATRIX=full "
+                                             "runs it")(run_on_ray)
+    return run_on_ray
+
+
+# Every case of the matrix, collected from this module: they take the `harness` below.
+globals().update({name: _here(name, case) for name, case in vars(matrix).items() if name.startswith("test_")})
+assert IN_MAKE_TEST <= {name for name in vars(matrix) if name.startswith("test_")}
+
+
+_NODE = re.compile(r" on node [0-9.]+ \(Ray node [0-9a-f]+\)")
+
+
+class RayHarness(matrix.Harness):
+    """The matrix's runs on the Ray launcher."""
+
+    startup_allowance_s = 40.0  # an actor starts, then its worker process imports TensorFlow
+
+    def __init__(self, root: str, cluster):
+        super().__init__(root)
+        self.cluster = cluster
+
+    def config(self, **train):
+        ray = {"address": self.cluster.address, "node_ip_address": RAY_IP, "resources_per_worker": {"CPU": 1},
+               "placement_timeout_s": 60}
+        return make_config(self.root, launcher="ray", ray=ray, **train)
+
+    def launch(self, spec, config, **kwargs):
+        return launch_on_ray(spec, config, **kwargs)
+
+    def plain(self, text: str) -> str:
+        """A restart story without the node it names on Ray (`worker 1 killed by SIGKILL on node 127.0.0.2 (Ray node
+        e91cbaccfe04)`), which every exit story here must carry."""
+        if re.search(r"(killed by|exited) ", text):
+            assert _NODE.search(text), f"a Ray exit story names no node: {text}"
+        return _NODE.sub("", text)
+
+    def assert_nothing_left(self) -> None:
+        assert self.cluster.alive_actors() == []
+        assert self.cluster.live_placement_groups() == []
+        left = [proc.pid for proc in psutil.process_iter(["cmdline"])
+                if "pipeline_lib.launch.worker" in " ".join(proc.info["cmdline"] or []) and _marked(proc, self.root)]
+        assert left == [], f"worker processes of this run left behind: {left}"
+
+
+def _marked(proc: psutil.Process, root: str) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(matrix.Harness.MARKER_ENV) == root
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+@pytest.fixture
+def harness(tmp_path, ray_cluster):
+    harness = RayHarness(str(tmp_path), ray_cluster)
+    yield harness
+    harness.assert_nothing_left()
