@@ -9,6 +9,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from pipeline_lib.core import events
 from pipeline_lib.core.events import ConversionProgress, TrainProgress
+from pipeline_lib.training.results import TrainResult
 
 
 def artifact_key(text: str) -> str:
@@ -56,8 +57,12 @@ class TrainingReporter:
         self.artifact.update(100.0 * progress.step / max(progress.total_steps, 1), "training: " + progress.describe())
         events.emit(progress)
 
-    def done(self, progress: TrainProgress) -> None:
-        """Training returned: 100 %, with the final step and loss."""
-        self.artifact.update(100.0, f"training: done at step {progress.step} of {progress.total_steps}"
-                             + (f", loss {progress.loss:.4f}" if progress.loss is not None else ""))
+    def done(self, result: TrainResult) -> None:
+        """Training returned: 100 %, with the final step and loss, and the last checkpoint's eval metrics."""
+        last = max(result.checkpoints, key=lambda r: r.step).metrics if result.checkpoints else {}
+        progress = TrainProgress(step=result.final_step, total_steps=result.total_steps, loss=result.final_loss,
+                                 examples_per_second=result.examples_per_sec,
+                                 eval_metrics={k: v for k, v in last.items() if k.startswith("eval_")})
+        self.artifact.update(100.0, f"training: done at step {result.final_step} of {result.total_steps}, "
+                             f"loss {result.final_loss:.4f}")
         events.emit(progress)

@@ -143,8 +143,7 @@ def train(config: PipelineConfig, manifest: Manifest, plan: sharding.ShardPlan, 
             config, manifest, plan, run_dir, mlflow_run_id=mlflow_run_id, log_fn=logger.info, on_restart=on_restart,
             on_progress=reporter,
         )
-        reporter.done(events.TrainProgress(step=result.final_step, total_steps=result.total_steps,
-                                           loss=result.final_loss, examples_per_second=result.examples_per_sec))
+        reporter.done(result)
         return result
     finally:
         _preflight_artifact(config, run_dir)
