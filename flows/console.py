@@ -4,7 +4,8 @@ plain lines when the output is not a terminal (CI, a Prefect worker's log).
 In a terminal: the stages as a checklist with their durations, a conversion bar (rows, MB/s), a training bar
 (step / total, steps/s, ETA, loss, the latest eval metric), restarts as they happen and a final summary table;
 log records below WARNING stay in the Prefect UI and `<run_dir>/logs` instead of scrolling past the display.
-Elsewhere the stages' ends are plain lines on stderr, and the summary the `tfdag |` lines on stdout.
+Elsewhere the tasks' log lines stay as they were, one line at the end gives the stages' durations, and the
+summary is the `tfdag |` lines on stdout.
 """
 
 from __future__ import annotations
@@ -59,20 +60,30 @@ def format_seconds(seconds: float) -> str:
 
 
 class PlainConsole:
-    """The events as plain lines: each stage's end on `err` (the rest is logged by the tasks, as before), the
-    summary's `tfdag |` lines on `out`."""
+    """The events as plain lines, as short as before the console existed: the tasks log their stage's details; at
+    the end one line on `err` gives every stage's duration (also after a failure, naming the failed stage), and the
+    summary's `tfdag |` lines go to `out`."""
 
     def __init__(self, out: TextIO | None = None, err: TextIO | None = None):
         self.out, self.err = out, err
+        self.stages: list[StageFinished] = []
 
     def __call__(self, event: Event) -> None:
-        # Written to the stream, not print(): inside a flow run Prefect's log_prints would turn print into logs.
         if isinstance(event, StageFinished):
-            state = "failed after" if event.failed else "done in"
-            self._write(self.err or sys.stderr, f"tfdag | stage {event.name} {state} {format_seconds(event.seconds)}")
+            self.stages.append(event)
         elif isinstance(event, RunSummary):
+            self.close()
             for line in event.lines:
                 self._write(self.out or sys.stdout, line)
+
+    def close(self) -> None:
+        """Write the stages' line once (`open_console` closes the console after a failure too)."""
+        if not self.stages:
+            return
+        # Written to the stream, not print(): inside a flow run Prefect's log_prints would turn print into logs.
+        self._write(self.err or sys.stderr, "tfdag | stages: " + ", ".join(
+            f"{s.name} {'FAILED after ' if s.failed else ''}{format_seconds(s.seconds)}" for s in self.stages))
+        self.stages = []
 
     @staticmethod
     def _write(stream: TextIO, line: str) -> None:
@@ -243,9 +254,12 @@ def open_console(live: bool) -> Iterator[EventFn]:
         live: the rich live display (see `is_terminal`), else plain lines.
     """
     if not live:
-        show: EventFn = PlainConsole()
-        with events.listening(show):
-            yield show
+        plain = PlainConsole()
+        try:
+            with events.listening(plain):
+                yield plain
+        finally:
+            plain.close()
         return
     console = Console(stderr=True)
     display = LiveConsole(console)

@@ -64,11 +64,18 @@ def test_the_live_display_shows_checklist_bars_restarts_and_the_summary_table():
 
 def test_plain_lines_without_a_terminal():
     out, err = io.StringIO(), io.StringIO()
-    _run(PlainConsole(out=out, err=err))
+    plain = PlainConsole(out=out, err=err)
+    _run(plain)
+    plain.close()  # nothing more: the stages' line went out with the summary
     assert err.getvalue().splitlines() == [
-        "tfdag | stage check_storage done in 0.4 s",
-        "tfdag | stage convert_to_tfrecords done in 1.2 s",
-        "tfdag | stage train done in 12.5 s",
-        "tfdag | stage evaluate failed after 2.0 s",
-    ]
+        "tfdag | stages: check_storage 0.4 s, convert_to_tfrecords 1.2 s, train 12.5 s, evaluate FAILED after 2.0 s"]
     assert out.getvalue().splitlines() == list(SUMMARY.lines)
+
+
+def test_after_a_failure_the_plain_console_still_gives_the_stages():
+    err = io.StringIO()
+    plain = PlainConsole(out=io.StringIO(), err=err)
+    plain(StageFinished("check_storage", 0.4))
+    plain(StageFinished("convert_to_tfrecords", 65.0, failed=True))
+    plain.close()
+    assert err.getvalue() == "tfdag | stages: check_storage 0.4 s, convert_to_tfrecords FAILED after 1:05\n"
