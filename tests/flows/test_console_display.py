@@ -79,3 +79,29 @@ def test_after_a_failure_the_plain_console_still_gives_the_stages():
     plain(StageFinished("convert_to_tfrecords", 65.0, failed=True))
     plain.close()
     assert err.getvalue() == "tfdag | stages: check_storage 0.4 s, convert_to_tfrecords FAILED after 1:05\n"
+
+
+def test_warnings_print_above_the_display_and_info_lines_are_held_back():
+    import logging
+
+    from flows.console import _AboveDisplay, _HeldBack
+
+    console = Console(file=io.StringIO(), force_terminal=True, record=True, width=140, color_system=None)
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(_HeldBack())
+    logger = logging.getLogger("tests.console.above")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    above = _AboveDisplay(console)
+    logger.addHandler(handler)
+    logger.addHandler(above)
+    try:
+        logger.info("train | step: 50")
+        logger.warning("restart 1 of 3: worker 1 exited -9")
+    finally:
+        logger.removeHandler(handler)
+        logger.removeHandler(above)
+    assert stream.getvalue() == ""  # the terminal's handler is held back
+    text = console.export_text()
+    assert "WARNING tests.console.above: restart 1 of 3: worker 1 exited -9" in text and "step: 50" not in text
