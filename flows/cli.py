@@ -67,18 +67,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flows.pipeline import training_pipeline
 
     _hide_user_error_tracebacks(args.verbose)
-    summary = training_pipeline(path)
-    metrics = ", ".join(f"{k}: {v:.4f}" for k, v in summary.metrics.items())
-    print(f"\ntfdag | {summary.pipeline} | {metrics}")
-    print(f"tfdag | MLflow run {summary.mlflow_run_id} in experiment {summary.experiment!r} ({summary.mlflow_uri})")
-    if summary.mlflow_uri.startswith("sqlite:///"):
-        print(f"tfdag | open the MLflow UI: mlflow ui --backend-store-uri {summary.mlflow_uri} --host 127.0.0.1 --port 5000")
-    if summary.model_version:
-        tag = "" if summary.blessed else ", tagged blessed=false, no alias (tracking.register: always)"
-        print(f"tfdag | registered model {summary.model_name} version {summary.model_version}{tag}")
-    elif not summary.blessed and summary.mlflow_run_id:
-        print("tfdag | not registered (tracking.register: blessed)")
-    print(f"tfdag | blessed: {str(summary.blessed).lower()} | {summary.gate.reason}")
+    from flows import console
+
+    with console.open_console(live=console.is_terminal(args.verbose)) as show:
+        summary = training_pipeline(path)
+        show(console.summary_event(summary))
     if args.json:
         print(summary.model_dump_json())
     return EXIT_OK if summary.blessed else EXIT_NOT_BLESSED

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import time
 from pathlib import Path
 
 from pipeline_lib.core.quiet import import_tensorflow
@@ -18,7 +19,7 @@ from prefect.states import Completed, State
 from pydantic import BaseModel, ConfigDict
 
 from pipeline_lib.config import PipelineConfig, resolve_config
-from pipeline_lib.core import runs, storage
+from pipeline_lib.core import events, runs, storage
 from pipeline_lib.data import demo as demo_data
 from pipeline_lib.data.statistics import load_statistics
 from pipeline_lib.evaluation import slicing
@@ -69,15 +70,25 @@ class PipelineSummary(BaseModel):
 
 
 class _Progress:
-    """The running stage and the MLflow run, so that a failure can name the one and end the other."""
+    """The running stage and the MLflow run, so that a failure can name the one and end the other; each stage's
+    start and end go to the event bus (the `tfdag run` console's checklist)."""
 
     def __init__(self) -> None:
         self.stage = "load_config"
         self.mlflow_run_id: str | None = None
         self.run_dir: str | None = None
+        self._started: float | None = None
 
     def __call__(self, stage: str) -> None:
-        self.stage = stage
+        self.end()
+        self.stage, self._started = stage, time.monotonic()
+        events.emit(events.StageStarted(stage))
+
+    def end(self, *, failed: bool = False) -> None:
+        """The running stage ended (failed: it raised); the next `__call__` or nothing follows."""
+        if self._started is not None:
+            events.emit(events.StageFinished(self.stage, time.monotonic() - self._started, failed=failed))
+            self._started = None
 
 
 def _versions() -> dict[str, str]:
@@ -104,13 +115,16 @@ def run_pipeline(config: PipelineConfig, *, extra_tags: dict[str, str] | None = 
         summary = _run(config, progress, logger, extra_tags or {})
         progress("finish_tracking_run")
         end_tracking_run(config, progress.mlflow_run_id, RunStatus.FINISHED)
+        progress.end()
         return summary
     except (KeyboardInterrupt, TerminationSignal):
+        progress.end(failed=True)
         logger.error("pipeline %r stopped in stage %s", config.name, progress.stage)
         keep_task_logs(config, progress)
         end_tracking_run(config, progress.mlflow_run_id, RunStatus.KILLED, progress.stage)
         raise
     except Exception as error:
+        progress.end(failed=True)
         create_markdown_artifact(
             f"# Pipeline `{config.name}` failed\n\n**Stage:** `{progress.stage}`\n\n**Error:**\n\n```\n{error}\n```\n",
             key=stages._key(f"{config.name}-failure"),

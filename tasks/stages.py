@@ -13,15 +13,13 @@ from prefect import get_run_logger, task
 from prefect.artifacts import (
     create_link_artifact,
     create_markdown_artifact,
-    create_progress_artifact,
     create_table_artifact,
-    update_progress_artifact,
 )
 
 from pipeline_lib.cluster import check as cluster_check
 from pipeline_lib.cluster.report import ClusterReport
 from pipeline_lib.config import PipelineConfig
-from pipeline_lib.core import storage
+from pipeline_lib.core import events, storage
 from pipeline_lib.data import statistics_report
 from pipeline_lib.data.convert import convert
 from pipeline_lib.data.manifest import Manifest
@@ -32,18 +30,14 @@ from pipeline_lib.evaluation import metrics as evaluation
 from pipeline_lib.evaluation.gate import apply_gate
 from pipeline_lib.evaluation.report import EvalReport, GateDecision
 from pipeline_lib.launch import launchers as launcher
-from pipeline_lib.launch.supervisor import TrainProgress
 from pipeline_lib.planning import sharding
 from pipeline_lib.tracking import baseline as data_baseline
 from pipeline_lib.tracking import lineage, model_logging, registry
 from pipeline_lib.tracking import run as tracking
 from pipeline_lib.training.results import TrainResult
+from tasks.progress import ConversionReporter, TrainingReporter
+from tasks.progress import artifact_key as _key
 from tasks.retry import transient_retries
-
-
-def _key(text: str) -> str:
-    """Prefect artifact keys allow lowercase letters, numbers and dashes only."""
-    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:90]
 
 
 @task(name="check_storage", **transient_retries())
@@ -55,9 +49,12 @@ def check_storage(config: PipelineConfig) -> None:
 
 @task(name="convert_to_tfrecords", **transient_retries())
 def convert_to_tfrecords(config: PipelineConfig) -> Manifest:
-    """Storage I/O can fail transiently (an object store outage): retried; bad input is not."""
+    """Storage I/O can fail transiently (an object store outage): retried; bad input is not.
+
+    The progress artifact `<pipeline>-conversion-progress` follows the rows converted and the source bytes read."""
     logger = get_run_logger()
-    manifest = convert(config.data, config.output_root, config.storage_options)
+    manifest = convert(config.data, config.output_root, config.storage_options,
+                       progress_fn=ConversionReporter(config.name))
     logger.info(
         "TFRecords %s: %d train / %d eval records in %d shards (%d bad records skipped)",
         manifest.dataset_uri,
@@ -136,29 +133,17 @@ def train(config: PipelineConfig, manifest: Manifest, plan: sharding.ShardPlan, 
     def on_restart(attempt: int, story: str) -> None:
         # Told once the restarted group has restored: the cause and the step it resumed from.
         logger.warning("restart %d of %d: %s", attempt, config.train.max_restarts, story)
+        events.emit(events.Restart(attempt, config.train.max_restarts, story))
         if mlflow_run_id:
             tracking.record_restart(mlflow_run_id, config.mlflow_uri, attempt, story)
 
-    progress_id = create_progress_artifact(0.0, key=_key(f"{config.name}-training-progress"),
-                                           description=f"training: step 0 of {plan.total_steps}")
-
-    def on_progress(progress: TrainProgress) -> None:
-        # The flow run's page shows how far training is while it runs (the chief's heartbeat).
-        done = 100.0 * progress.step / max(progress.total_steps, 1)
-        parts = [f"step {progress.step} of {progress.total_steps}"]
-        if progress.loss is not None:
-            parts.append(f"loss {progress.loss:.4f}")
-        if progress.examples_per_second is not None:
-            parts.append(f"{progress.examples_per_second:,.0f} examples/s")
-        update_progress_artifact(progress_id, min(done, 100.0), description="training: " + ", ".join(parts))
-
+    reporter = TrainingReporter(config.name, plan.total_steps)
     try:
         result = launcher.launch_training(
             config, manifest, plan, run_dir, mlflow_run_id=mlflow_run_id, log_fn=logger.info, on_restart=on_restart,
-            on_progress=on_progress,
+            on_progress=reporter,
         )
-        update_progress_artifact(progress_id, 100.0, description=f"training: done at step {result.final_step} of "
-                                 f"{result.total_steps}, loss {result.final_loss:.4f}")
+        reporter.done(result)
         return result
     finally:
         _preflight_artifact(config, run_dir)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from pipeline_lib.config import Compression, DataConfig, DataFormat
 from pipeline_lib.core import storage
+from pipeline_lib.core.events import ConversionProgress
 from pipeline_lib.data.accumulators import StatisticsBuilder
 from pipeline_lib.data.bad_records import BadRecords
 from pipeline_lib.data.coercion import Column, coerce
@@ -29,6 +30,7 @@ from pipeline_lib.data.errors import ConversionError
 from pipeline_lib.data.framing import encode_tfrecords
 from pipeline_lib.data.manifest import DType, Manifest, RecordLayout
 from pipeline_lib.data.missing import apply_missing, check_missing_columns, imputation
+from pipeline_lib.data.progress import ConversionMeter
 from pipeline_lib.data.publish import create_staging_dir, publish, reusable_manifest
 from pipeline_lib.data.readers.base import RawChunk, prepend, read_ahead
 from pipeline_lib.data.readers.registry import open_reader
@@ -80,7 +82,8 @@ def _scan_vocabulary(fs, files: Sequence[ListedFile], data: DataConfig, label_ty
     return sorted(values)
 
 
-def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] | None = None) -> Manifest:
+def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] | None = None, *,
+            progress_fn: Callable[[ConversionProgress], None] | None = None) -> Manifest:
     """Convert `data.source` to TFRecord shards under `<output_root>/data/<fingerprint>/` and return the Manifest.
 
     The source is read in chunks of `data.read_chunk_rows` rows (CSV and JSONL by lines, Parquet by record
@@ -91,6 +94,9 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
         data: the data section of the pipeline config; `data.storage_options` are for the source.
         output_root: fsspec URI under which `data/<fingerprint>/` is written.
         storage_options: fsspec options for output_root.
+        progress_fn: called with the rows converted and source bytes read, at most once a second while rows are
+            converted, and once at 100 % when the manifest is published (also when an unchanged source's
+            manifest is reused).
 
     Returns:
         The manifest: shards with records, bytes and sha256, the schema and the source fingerprint.
@@ -106,10 +112,12 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
     fingerprint = source.sha256[:16]
     dataset_uri = dataset_uri_for(output_root, fingerprint)
     out_fs, dataset_path = storage.get_fs(dataset_uri, storage_options)
+    meter = ConversionMeter(progress_fn, sum(f.info.size for f in files))
     existing = reusable_manifest(out_fs, dataset_path, dataset_uri, storage_options, source)
     if existing is not None:
         logger.info("convert | reusing %s: the source and settings are unchanged (fingerprint %s)", dataset_uri,
                     fingerprint)
+        meter.finish(rows=existing.num_records("train") + existing.num_records("eval"))
         return existing
 
     first_reader = open_reader(fs, files[0], data)
@@ -156,6 +164,8 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
             for chunk in read_ahead(chunks):
                 _convert_chunk(chunk, source_file.format, data, features, types, vocabulary, shards, writes,
                                stats)
+                meter.chunk_done(chunk.num_rows, chunk.num_bytes, source_file.info.size)
+            meter.file_done(source_file.info.size)
         writes.wait()
         staged = [shard for s in SPLITS for shard in shards[s].close()]
         if stats.num_rows["train"] + stats.num_rows["eval"] == 0:
@@ -184,6 +194,7 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
         stats.num_rows["train"], stats.num_rows["eval"], len(manifest.shards_for("train")),
         len(manifest.shards_for("eval")), stats.bad.num_bad, dataset_uri,
     )
+    meter.finish()
     return manifest
 
 

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from pipeline_lib.cluster.info import ClusterInfo
-from pipeline_lib.training.hooks import Phase
+from pipeline_lib.training.hooks import MetricsSink, Phase
 
 HEARTBEAT_INTERVAL_S = 0.5
 
@@ -36,6 +36,7 @@ class Heartbeat:
         self.start_step: int | None = None
         self.loss: float | None = None
         self.metrics: dict[str, Any] | None = None  # the task's Prometheus endpoint: {"target", "labels"}
+        self.eval_metrics: dict[str, float] = {}  # the chief's latest checkpoint evaluation (for progress displays)
         self._last_write = float("-inf")
 
     def beat(self, step: int, examples: int, *, phase: Phase | None = None, force: bool = False,
@@ -51,11 +52,28 @@ class Heartbeat:
         self._last_write = now
         payload = json.dumps({"task": self.task, "pid": os.getpid(), "step": int(step), "phase": self.phase.value,
                               "start_step": self.start_step, "time": time.time(), "examples": int(self.examples),
-                              "loss": self.loss, "metrics": self.metrics})
+                              "loss": self.loss, "metrics": self.metrics, "eval": self.eval_metrics})
         tmp = f"{self.path}.{os.getpid()}.tmp"
         with open(tmp, "w") as handle:
             handle.write(payload)
         os.replace(tmp, self.path)
+
+
+class EvalOnHeartbeat:
+    """A metrics sink that passes everything to `sink` and keeps the latest `eval_*` metrics on the heartbeat, so
+    the supervisor's progress reports carry the chief's latest evaluation without reading checkpoints."""
+
+    def __init__(self, sink: MetricsSink, heartbeat: Heartbeat):
+        self.sink, self.heartbeat = sink, heartbeat
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        evaluated = {k: float(v) for k, v in metrics.items() if k.startswith("eval_") and math.isfinite(v)}
+        if evaluated:
+            self.heartbeat.eval_metrics = evaluated
+        self.sink.log_metrics(metrics, step)
+
+    def flush(self) -> None:
+        self.sink.flush()
 
 
 def read_heartbeat(path: str) -> dict[str, Any] | None:

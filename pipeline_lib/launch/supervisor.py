@@ -41,6 +41,7 @@ from typing import Any
 from pipeline_lib.cluster.address import validate_cluster_addresses
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
+from pipeline_lib.core.events import TrainProgress
 from pipeline_lib.launch.errors import LaunchError, LaunchTimeout
 from pipeline_lib.launch.exits import classify_exit, peer_failure_line
 from pipeline_lib.launch.group import TaskGroup, TaskHandle
@@ -64,16 +65,6 @@ PERMANENT_GRACE_S = 1.0
 SHUTDOWN_GRACE_S = 30.0
 PROGRESS_INTERVAL_S = 2.0
 LOGS_NAME = "logs"  # <run_dir>/logs/<task>.log: every line of every task, all attempts
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainProgress:
-    """How far training is, from the chief's heartbeat: for a progress display."""
-
-    step: int
-    total_steps: int
-    loss: float | None
-    examples_per_second: float | None
 
 
 @dataclasses.dataclass
@@ -281,14 +272,17 @@ class AttemptSupervisor:
             return
         beat = chief_watch.beat
         step, examples = int(beat.get("step", 0) or 0), int(beat.get("examples", 0) or 0)
-        rate = None
+        rate = step_rate = None
         if self._progress_seen is not None and examples >= self._progress_seen[2]:
             rate = (examples - self._progress_seen[2]) / (now - self._progress_seen[0])
+        if self._progress_seen is not None and step >= self._progress_seen[1]:
+            step_rate = (step - self._progress_seen[1]) / (now - self._progress_seen[0])
         self._progress_seen = (now, step, examples)
         try:
             assert self.on_progress is not None
             self.on_progress(TrainProgress(step=max(step, 0), total_steps=self.spec.plan.total_steps,
-                                           loss=beat.get("loss"), examples_per_second=rate))
+                                           loss=beat.get("loss"), examples_per_second=rate,
+                                           steps_per_second=step_rate, eval_metrics=dict(beat.get("eval") or {})))
         except Exception:  # a progress display must not stop training
             logger.debug("progress callback failed", exc_info=True)
 

@@ -39,7 +39,7 @@ from pipeline_lib.core import storage
 from pipeline_lib.core.errors import UserError
 from pipeline_lib.core.quiet import quiet_python_loggers
 from pipeline_lib.data.manifest import load_manifest
-from pipeline_lib.launch.heartbeat import Heartbeat
+from pipeline_lib.launch.heartbeat import EvalOnHeartbeat, Heartbeat
 from pipeline_lib.launch.prometheus import TaskMetrics
 from pipeline_lib.launch.spec import (
     FAULT_ENV,
@@ -222,6 +222,7 @@ def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None) -> int:
     hooks.install_sigterm()
     sink = create_sink(spec.mlflow_run_id if config.tracking.enabled else None, config.mlflow_uri,
                        is_chief=cluster.is_chief)
+    sink = EvalOnHeartbeat(sink, heartbeat)
     run_id = spec.mlflow_run_id if config.tracking.enabled else None
     try:
         with system_metrics(run_id, config.mlflow_uri, is_chief=cluster.is_chief):

@@ -143,6 +143,18 @@ def test_training_pipeline_end_to_end(tmp_path, prefect_api):
     assert progress.type == "progress" and float(progress.data) == 100.0
     assert f"done at step {summary.final_step} of {summary.final_step}" in progress.description
 
+    # The convert task's progress artifact, among this flow run's artifacts, ends at 100 % with every row.
+    from prefect.client.schemas.filters import ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as prefect:
+        flow_run_artifacts = prefect.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[run.data.tags["prefect_flow_run_id"]])))
+    [conversion] = [a for a in flow_run_artifacts if a.key == "digits-flow-test-conversion-progress"]
+    assert conversion.type == "progress" and float(conversion.data) == 100.0
+    rows = manifest.num_records("train") + manifest.num_records("eval")
+    assert conversion.description.startswith(f"conversion: done, {rows:,} rows | ") and "MB/s" in conversion.description
+    assert "digits-flow-test-training-progress" in {a.key for a in flow_run_artifacts}
+
 
 @pytest.mark.slow
 def test_cli_run_json_prints_summary_on_last_line(tmp_path, prefect_api):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+from fsspec.utils import infer_compression
 
 from pipeline_lib.config import DataConfig
 from pipeline_lib.data.errors import ConversionError
@@ -28,6 +29,7 @@ class RawChunk:
 
     `columns` holds pyarrow arrays (CSV: all strings; Parquet: typed), Python lists (JSONL) or numpy arrays
     (NPZ). `structural` lists rows the reader could not split into columns at all: (position, reason).
+    `num_bytes`: set by the line readers on uncompressed files, where lines read are bytes of the file.
     """
 
     uri: str
@@ -36,6 +38,7 @@ class RawChunk:
     num_rows: int
     positions_fn: Callable[[], np.ndarray]
     structural: list[tuple[int, str]] = field(default_factory=list)
+    num_bytes: int | None = None  # the file bytes these rows came from, where the reader knows them (progress)
     _positions: np.ndarray | None = None
 
     def position(self, row: int) -> int:
@@ -66,6 +69,11 @@ def check_columns(uri: str, available: Sequence[str], needed: Sequence[str]) -> 
             f"{uri} has no column(s) {missing}; available columns: {list(available)}. Fix data.label, "
             "data.features or data.split.key_columns, or make every source file carry these columns"
         )
+
+
+def stored_bytes(path: str, lines: list[bytes]) -> int | None:
+    """The file bytes `lines` took, for a progress report: None for a compressed file (lines are not its bytes)."""
+    return None if infer_compression(path) else sum(map(len, lines))
 
 
 def prepend(first: RawChunk, rest: Iterator[RawChunk]) -> Iterator[RawChunk]:

@@ -13,7 +13,7 @@ import pyarrow.csv as pacsv
 
 from pipeline_lib.config import DataConfig
 from pipeline_lib.data.errors import ConversionError
-from pipeline_lib.data.readers.base import RawChunk, check_columns
+from pipeline_lib.data.readers.base import RawChunk, check_columns, stored_bytes
 from pipeline_lib.data.sources import ListedFile
 
 
@@ -76,6 +76,7 @@ class CsvReader:
                     uri=self.source.uri, unit="line",
                     columns={n: table.column(n).combine_chunks() for n in needed},
                     num_rows=table.num_rows, positions_fn=positions_fn, structural=structural,
+                    num_bytes=stored_bytes(self.source.path, lines),
                 )
                 line_start += len(lines)
 

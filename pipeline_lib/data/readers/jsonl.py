@@ -10,7 +10,12 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from pipeline_lib.config import DataConfig
-from pipeline_lib.data.readers.base import MISSING, RawChunk, check_columns
+from pipeline_lib.data.readers.base import (
+    MISSING,
+    RawChunk,
+    check_columns,
+    stored_bytes,
+)
 from pipeline_lib.data.sources import ListedFile
 
 
@@ -65,4 +70,5 @@ class JsonlReader:
                     positions.append(line_no)
                 array = np.array(positions, dtype=np.int64)
                 yield RawChunk(uri=self.source.uri, unit="line", columns=columns, num_rows=len(positions),
-                                positions_fn=lambda array=array: array, structural=structural)
+                                positions_fn=lambda array=array: array, structural=structural,
+                                num_bytes=stored_bytes(self.source.path, lines))

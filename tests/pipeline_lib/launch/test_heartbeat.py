@@ -31,3 +31,20 @@ def test_heartbeat_names_follow_the_task():
     cluster = {"chief": ("h:1",), "worker": ("h:2",), "ps": ("h:3",)}
     assert heartbeat_name(ClusterInfo(task_type="chief", task_index=0, cluster=cluster)) == "chief-0.json"
     assert heartbeat_name(ClusterInfo()) == "worker-0.json"
+
+
+def test_the_chiefs_eval_metrics_ride_on_its_heartbeat(tmp_path):
+    from pipeline_lib.launch.heartbeat import EvalOnHeartbeat
+    from pipeline_lib.testing.sinks import InMemorySink
+
+    beat = Heartbeat(str(tmp_path), ClusterInfo(), interval_s=0)
+    inner = InMemorySink()
+    sink = EvalOnHeartbeat(inner, beat)
+    sink.log_metrics({"loss": 0.3, "learning_rate": 0.01}, step=10)
+    beat.beat(10, 32)
+    assert read_heartbeat(str(tmp_path / "worker-0.json"))["eval"] == {}
+    sink.log_metrics({"eval_loss": 0.25, "eval_accuracy": 0.9, "eval_nan": float("nan")}, step=20)
+    beat.beat(20, 32)
+    assert read_heartbeat(str(tmp_path / "worker-0.json"))["eval"] == {"eval_loss": 0.25, "eval_accuracy": 0.9}
+    assert [step for step, _ in inner.history] == [10, 20]  # everything reaches the inner sink
+    assert inner.series("loss") == [(10, 0.3)] and inner.series("eval_accuracy") == [(20, 0.9)]
