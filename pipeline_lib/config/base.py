@@ -4,10 +4,12 @@ which way a metric improves and what `auto` means on a cluster."""
 from __future__ import annotations
 
 import enum
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PlainSerializer, SerializationInfo
 
 from pipeline_lib.core.errors import UserError
+from pipeline_lib.core.secrets import serialize_secrets
 
 DEFAULT_ROOT = "./.tfdag"
 
@@ -18,6 +20,17 @@ class ConfigError(UserError, ValueError):
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+
+
+def _serialize_secrets(value: Any, info: SerializationInfo) -> Any:
+    return serialize_secrets(value, info.context)
+
+
+# The fields that can hold a credential. Every dump of a config (a Prefect parameter, the MLflow config artifact, a
+# worker spec, a reproduce record, a log line) goes through this one serializer: a secret is written masked or as a
+# `${NAME}` reference, never as its value (core.secrets.serialize_secrets; the context decides which).
+SecretSettings = Annotated[dict[str, Any], PlainSerializer(_serialize_secrets)]
+SecretUri = Annotated[str | None, PlainSerializer(_serialize_secrets)]
 
 
 class DataFormat(str, enum.Enum):

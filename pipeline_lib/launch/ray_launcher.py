@@ -213,10 +213,14 @@ class RayTaskHandle:
 class RayGroup:
     """The Ray launcher's `TaskGroup`: a placement group and one `TaskRunner` actor per task, per attempt."""
 
-    def __init__(self, spec: WorkerSpec, config: PipelineConfig, env: Mapping[str, str] | None = None):
+    def __init__(self, spec: WorkerSpec, config: PipelineConfig, env: Mapping[str, str] | None = None,
+                 secret_env: Mapping[str, str] | None = None):
         self.spec_json = spec.model_dump_json()
         self.config = config
         self.extra_env = dict(env or {})
+        # Literal secrets travel in Ray's runtime_env env_vars (the actor's environment, inherited by its worker
+        # process), not in the actor's arguments.
+        self.runtime_env = with_env_vars(config.train.ray.runtime_env, secret_env or {})
         self.run_tag = f"tfdag-{uuid.uuid4().hex[:8]}"
         self.attempt = 0
         self.placement_group: Any = None
@@ -254,7 +258,7 @@ class RayGroup:
             actor = remote.options(
                 num_cpus=options.get("num_cpus", 0), num_gpus=options.get("num_gpus", 0),
                 memory=options.get("memory"), resources=custom or None,
-                runtime_env=ray_config.runtime_env or None, name=f"{self.run_tag}-{self.attempt}-{task.name}",
+                runtime_env=self.runtime_env or None, name=f"{self.run_tag}-{self.attempt}-{task.name}",
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group,
                                                                     placement_group_bundle_index=index),
             ).remote(self.spec_json, self.extra_env)
@@ -337,22 +341,34 @@ def launch_training(
     config = config.model_copy(update={
         "output_root": output_root,
         "tracking": config.tracking.model_copy(update={"mlflow_uri": config.mlflow_uri})})
+    values, secret_env = config.for_process()
     return launch_on_ray(
-        WorkerSpec(config=config.model_dump(mode="json"), dataset_uri=dataset_uri, plan=plan,
+        WorkerSpec(config=values, dataset_uri=dataset_uri, plan=plan,
                    run_dir=run_dir, mlflow_run_id=mlflow_run_id, heartbeat_dir="<on each task's node>"),
-        config, log_fn=log_fn, on_restart=on_restart, env=env, on_progress=on_progress).result
+        config, log_fn=log_fn, on_restart=on_restart, env=env, on_progress=on_progress, secret_env=secret_env).result
+
+
+def with_env_vars(runtime_env: Mapping[str, Any], env_vars: Mapping[str, str]) -> dict[str, Any]:
+    """`runtime_env` with `env_vars` added to its `env_vars` (the config's own win: a user may set one on purpose)."""
+    if not env_vars:
+        return dict(runtime_env)
+    return {**runtime_env, "env_vars": {**env_vars, **dict(runtime_env.get("env_vars") or {})}}
 
 
 def launch_on_ray(spec: WorkerSpec, config: PipelineConfig, *, log_fn: Callable[[str], None] = print,
                   on_restart: Callable[[int, str], None] | None = None, env: Mapping[str, str] | None = None,
                   timeout_s: float | None = None,
-                  on_progress: Callable[[TrainProgress], None] | None = None) -> LaunchResult:
-    """`local.launch` with a `RayGroup`: connect, check the cluster, supervise, and always clean up."""
+                  on_progress: Callable[[TrainProgress], None] | None = None,
+                  secret_env: Mapping[str, str] | None = None) -> LaunchResult:
+    """`local.launch` with a `RayGroup`: connect, check the cluster, supervise, and always clean up.
+
+    `secret_env` (from `PipelineConfig.for_process`) reaches every task in Ray's runtime_env env_vars.
+    """
     connected = connect(config)
     try:
         check_cluster(config, len(plan_tasks(config)))
         return launch(spec, config, log_fn=log_fn, timeout_s=timeout_s, on_restart=on_restart,
-                      group=RayGroup(spec, config, env), on_progress=on_progress)
+                      group=RayGroup(spec, config, env, secret_env), on_progress=on_progress)
     finally:
         if connected:
             _ray().shutdown()

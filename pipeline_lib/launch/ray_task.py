@@ -17,7 +17,7 @@ from typing import Any
 from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.core.net import free_port
 from pipeline_lib.launch.processes import TaskProcess, TaskSpec, start_worker
-from pipeline_lib.launch.spec import WorkerSpec
+from pipeline_lib.launch.spec import WorkerSpec, write_spec
 
 MAX_BUFFERED_LINES = 20000
 
@@ -31,9 +31,7 @@ class TaskRunner:
         os.makedirs(self.heartbeat_dir)
         # The heartbeat stays on this node; the driver reads it through `status`.
         spec = WorkerSpec.model_validate_json(spec_json).model_copy(update={"heartbeat_dir": self.heartbeat_dir})
-        self.spec_path = os.path.join(self.work_dir, "worker_spec.json")
-        with open(self.spec_path, "w") as handle:
-            handle.write(spec.model_dump_json())
+        self.spec_path = write_spec(spec, self.work_dir)
         self.extra_env = dict(extra_env)
         self.process: TaskProcess | None = None
         self._lines: list[str] = []

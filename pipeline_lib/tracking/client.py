@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pipeline_lib.core.secrets import is_secret_name
+from pipeline_lib.core.secrets import is_secret_name, mask_url_passwords
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +55,12 @@ def global_tracking_uri(tracking_uri: str) -> Iterator[None]:
 
 
 def clean_tags(tags: Mapping[str, Any] | None) -> dict[str, str]:
-    """The tags as strings within MLflow's length limit, without names that look like credentials."""
+    """The tags as strings within MLflow's length limit, without names that look like credentials and with the
+    password of any URL masked."""
     cleaned = {}
     for name, value in (tags or {}).items():
         if is_secret_name(name):
             logger.warning("tag %s looks like a credential and is not logged", name)
             continue
-        cleaned[name] = str(value)[:MAX_TAG_VALUE]
+        cleaned[name] = mask_url_passwords(str(value))[:MAX_TAG_VALUE]
     return cleaned
