@@ -10,6 +10,8 @@ reaches the data's storage options through a `${VARIABLE}` reference.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -50,25 +52,30 @@ def canary_config(canary: Canary, mlflow_url: str, name: str, **train) -> dict:
     }
 
 
-def assert_masked_config(values: dict, canary: Canary, where: str) -> None:
+def assert_masked_config(values: dict, where: str) -> None:
     """A config as stored (a Prefect parameter, MLflow's config artifact) shows the mask or the reference."""
     assert values["storage_options"]["secret"] == MASK and values["storage_options"]["token"] == MASK, where
     assert values["data"]["storage_options"]["secret"] == f"${{{ENV_NAME}}}", where
     assert values["tracking"]["mlflow_uri"].startswith(f"http://tfdag:{MASK}@"), where
 
 
-@pytest.mark.slow
-def test_no_output_of_a_local_two_worker_s3_run_holds_the_canary(s3, tfdag_stack, prefect_api, tmp_path,  # noqa: F811
-                                                                  monkeypatch, capfd, caplog):
+def run_and_search(canary: Canary, values: dict, store, stack, tmp_path: Path, monkeypatch, caplog,
+                   extra_dirs: dict[str, str] | None = None) -> None:
+    """Run `tfdag convert` and then the training-pipeline flow (the config itself its parameter) on `values`, and
+    search every output for the canary; fails naming every place it was found.
+
+    Args:
+        extra_dirs: more directories to search, by name (a Ray cluster's session logs, say).
+    """
     import logging
     import time
 
+    from mlflow import MlflowClient
     from prefect.settings import PREFECT_LOCAL_STORAGE_PATH
 
     from flows.pipeline import training_pipeline
 
     caplog.set_level(logging.INFO)
-    canary = Canary()
     monkeypatch.setenv(ENV_NAME, canary.value)
     # The run's own temp files (the flow's and the workers', who inherit TMPDIR) land here; the system temp
     # directory is compared before and after for anything else.
@@ -79,7 +86,6 @@ def test_no_output_of_a_local_two_worker_s3_run_holds_the_canary(s3, tfdag_stack
     before = temp_entries()
     started = time.time()
 
-    values = canary_config(canary, tfdag_stack.state.mlflow_url, f"canary-{tmp_path.name}")
     config_path = tmp_path / "input" / "canary.yaml"  # the user's input: the one file that holds the canary
     config_path.parent.mkdir()
     config_path.write_text(yaml.safe_dump(values))
@@ -88,40 +94,39 @@ def test_no_output_of_a_local_two_worker_s3_run_holds_the_canary(s3, tfdag_stack
 
     # A `tfdag` command on the file: its output shows no secret.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
-    convert = subprocess.run([sys.executable, "-m", "flows.cli", "convert", "--config", str(config_path)],
+    convert = subprocess.run([sys.executable, "-m", "flows.cli", "convert", str(config_path)],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert convert.returncode == 0, (convert.stdout + convert.stderr)[-3000:]
     canary.text("stdout of `tfdag convert`", convert.stdout)
     canary.text("stderr of `tfdag convert`", convert.stderr)
 
     # The config itself is the flow's parameter: the literal secret stays in this process.
-    summary = training_pipeline(config)
-    assert summary.num_workers == 2 and summary.final_step == 12
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        summary = training_pipeline(config)
+    assert summary.num_workers == 2 and summary.final_step == values["train"]["steps"]
     assert summary.model_version is not None
-
-    captured = capfd.readouterr()
-    canary.text("stdout of the flow (worker output included)", captured.out)
-    canary.text("stderr of the flow", captured.err)
+    canary.text("stdout of the flow (worker output included)", out.getvalue())
+    canary.text("stderr of the flow", err.getvalue())
     canary.text("log records of the flow process", caplog.text)
     canary.json("the flow's summary", summary.model_dump(mode="json"))
 
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=tfdag_stack.state.mlflow_url)
-    flow_run_id = client.get_run(summary.mlflow_run_id).data.tags["prefect_flow_run_id"]
+    mlflow_url = stack.state.mlflow_url
+    flow_run_id = MlflowClient(tracking_uri=mlflow_url).get_run(summary.mlflow_run_id).data.tags["prefect_flow_run_id"]
     parameters = search_prefect(canary, flow_run_id)
-    assert_masked_config(parameters["config"], canary, "the Prefect flow run's parameters")
+    assert_masked_config(parameters["config"], "the Prefect flow run's parameters")
 
-    downloaded = search_mlflow(canary, tfdag_stack.state.mlflow_url, summary.mlflow_run_id, tmp_path / "mlflow")
+    downloaded = search_mlflow(canary, mlflow_url, summary.mlflow_run_id, tmp_path / "mlflow")
     logged = yaml.safe_load((Path(downloaded["artifacts"]) / reproducibility.CONFIG_ARTIFACT).read_text())
-    assert_masked_config(logged, canary, "MLflow's config artifact")
+    assert_masked_config(logged, "MLflow's config artifact")
 
     # Every object on the store: data, run directory, checkpoints, TensorBoard events, worker logs, exports.
-    num_objects = canary.store("S3 object", s3.fs, BUCKET)
-    assert num_objects > 10 and any("/checkpoints/" in k for k in s3.keys("tfdag/runs"))
-    assert any("/tensorboard/" in k for k in s3.keys("tfdag/runs")) and any("/logs/" in k for k in s3.keys("tfdag/runs"))
+    assert canary.store("S3 object", store.fs, BUCKET) > 10
+    run_keys = store.keys("tfdag/runs")
+    for part in ("/checkpoints/", "/tensorboard/", "/logs/", "/export/"):
+        assert any(part in key for key in run_keys), (part, run_keys)
     # Both servers' own files: Prefect's database, MLflow's database and artifact store, their logs.
-    canary.directory("the stack's files", tfdag_stack.root)
+    canary.directory("the stack's files", stack.root)
     # Temp files: the run's own (flow and workers), and anything new in the system temp directory.
     canary.directory("temp file of the run", private_tmp)
     for entry in sorted(temp_entries() - before):
@@ -133,7 +138,17 @@ def test_no_output_of_a_local_two_worker_s3_run_holds_the_canary(s3, tfdag_stack
     results = Path(PREFECT_LOCAL_STORAGE_PATH.value())
     if results.is_dir():
         canary.directory("Prefect local result", results, since=started)
+    for name, directory in (extra_dirs or {}).items():
+        canary.directory(name, directory, since=started)
     # Everything else the test itself wrote, but for the user's input file.
     canary.directory("the test's directory", tmp_path, skip=(str(config_path),))
 
     assert not canary.hits, canary.report()
+
+
+@pytest.mark.slow
+def test_no_output_of_a_local_two_worker_s3_run_holds_the_canary(s3, tfdag_stack, prefect_api, tmp_path,  # noqa: F811
+                                                                  monkeypatch, caplog):
+    canary = Canary()
+    values = canary_config(canary, tfdag_stack.state.mlflow_url, f"canary-{tmp_path.name}")
+    run_and_search(canary, values, s3, tfdag_stack, tmp_path, monkeypatch, caplog)

@@ -188,7 +188,7 @@ def test_every_dump_of_a_config_masks_its_secrets_and_for_process_moves_them_to_
     })
     # The Prefect parameter (FastAPI's encoder), JSON, a Python dump and the config's hash hold no secret.
     for dumped in (json.dumps(jsonable_encoder(config)), config.model_dump_json(), str(config.model_dump()),
-                   config.masked_yaml()):
+                   config.masked_yaml(), repr(config), str(config)):
         for secret in ("AKIAEXAMPLE", "sekrit-value", "azure-key", "pa55word", "ray-token"):
             assert secret not in dumped
         assert "${MY_S3_SECRET}" in dumped and MASK in dumped and "id" in dumped
