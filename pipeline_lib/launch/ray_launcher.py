@@ -218,9 +218,11 @@ class RayGroup:
         self.spec_json = spec.model_dump_json()
         self.config = config
         self.extra_env = dict(env or {})
-        # Literal secrets travel in Ray's runtime_env env_vars (the actor's environment, inherited by its worker
-        # process), not in the actor's arguments.
-        self.runtime_env = with_env_vars(config.train.ray.runtime_env, secret_env or {})
+        # Literal secrets reach each worker process in its environment, handed to the actor with the call that
+        # starts it (a task argument, kept in memory): not in runtime_env env_vars, which Ray's runtime env agent
+        # writes to every node's runtime_env_agent.log ("Creating runtime env: ..."), nor in the actor's
+        # constructor arguments, which the GCS keeps for restarts.
+        self.secret_env = dict(secret_env or {})
         self.run_tag = f"tfdag-{uuid.uuid4().hex[:8]}"
         self.attempt = 0
         self.placement_group: Any = None
@@ -258,7 +260,7 @@ class RayGroup:
             actor = remote.options(
                 num_cpus=options.get("num_cpus", 0), num_gpus=options.get("num_gpus", 0),
                 memory=options.get("memory"), resources=custom or None,
-                runtime_env=self.runtime_env or None, name=f"{self.run_tag}-{self.attempt}-{task.name}",
+                runtime_env=ray_config.runtime_env or None, name=f"{self.run_tag}-{self.attempt}-{task.name}",
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group,
                                                                     placement_group_bundle_index=index),
             ).remote(self.spec_json, self.extra_env)
@@ -284,7 +286,8 @@ class RayGroup:
         actor, node_ip, node_id = self.actors[task.name]
         handle = RayTaskHandle(task, actor, node_ip, node_id, log_fn, log_lock)
         self.started.append(handle)
-        _ray().get(actor.start.remote(task.cluster.model_dump_json(), task.is_trainer, task.env_tf_config),
+        _ray().get(actor.start.remote(task.cluster.model_dump_json(), task.is_trainer, task.env_tf_config,
+                                      self.secret_env),
                    timeout=self.config.train.ray.placement_timeout_s)
         return handle
 
@@ -348,13 +351,6 @@ def launch_training(
         config, log_fn=log_fn, on_restart=on_restart, env=env, on_progress=on_progress, secret_env=secret_env).result
 
 
-def with_env_vars(runtime_env: Mapping[str, Any], env_vars: Mapping[str, str]) -> dict[str, Any]:
-    """`runtime_env` with `env_vars` added to its `env_vars` (the config's own win: a user may set one on purpose)."""
-    if not env_vars:
-        return dict(runtime_env)
-    return {**runtime_env, "env_vars": {**env_vars, **dict(runtime_env.get("env_vars") or {})}}
-
-
 def launch_on_ray(spec: WorkerSpec, config: PipelineConfig, *, log_fn: Callable[[str], None] = print,
                   on_restart: Callable[[int, str], None] | None = None, env: Mapping[str, str] | None = None,
                   timeout_s: float | None = None,
@@ -362,7 +358,7 @@ def launch_on_ray(spec: WorkerSpec, config: PipelineConfig, *, log_fn: Callable[
                   secret_env: Mapping[str, str] | None = None) -> LaunchResult:
     """`local.launch` with a `RayGroup`: connect, check the cluster, supervise, and always clean up.
 
-    `secret_env` (from `PipelineConfig.for_process`) reaches every task in Ray's runtime_env env_vars.
+    `secret_env` (from `PipelineConfig.for_process`) reaches every task's worker process in its environment.
     """
     connected = connect(config)
     try:

@@ -50,11 +50,14 @@ class TaskRunner:
             del self._lines[:cut]
             self._dropped += cut
 
-    def start(self, cluster_json: str, is_trainer: bool, env_tf_config: bool) -> int:
-        """Start the worker process with this TF_CONFIG; returns its pid."""
+    def start(self, cluster_json: str, is_trainer: bool, env_tf_config: bool,
+              secret_env: dict[str, str] | None = None) -> int:
+        """Start the worker process with this TF_CONFIG, and `secret_env` (the config's literal secrets) in its
+        environment only; returns its pid."""
         task = TaskSpec(ClusterInfo.model_validate_json(cluster_json), is_trainer=is_trainer,
                         env_tf_config=env_tf_config)
-        self.process = start_worker(task, self.spec_path, self.extra_env, self._append, self._lock, prefix="",
+        env = {**self.extra_env, **(secret_env or {})}
+        self.process = start_worker(task, self.spec_path, env, self._append, self._lock, prefix="",
                                     heartbeat_dir=self.heartbeat_dir)
         return self.process.popen.pid
 
