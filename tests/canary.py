@@ -102,14 +102,18 @@ def search_prefect(canary: Canary, flow_run_id: str) -> dict[str, Any]:
                 artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))):
             canary.text(f"Prefect artifact {artifact.key or artifact.id}", artifact.model_dump_json())
         # The events of the run and its task runs: the server's event store keeps their payloads.
-        response = client._client.post("/events/filter", json={"limit": 200, "filter": {
+        page = client._client.post("/events/filter", json={"limit": 50, "filter": {
             "any_resource": {"id_prefix": ["prefect.flow-run.", "prefect.task-run."]},
-            "occurred": {"since": flow_run.created.isoformat()}}})
-        response.raise_for_status()
-        events = response.json().get("events", [])
-        assert events, "the Prefect server returned no event of the run"
-        for event in events:
-            canary.json(f"Prefect event {event.get('event')}", event)
+            "occurred": {"since": flow_run.created.isoformat()}}}).json()
+        num_events = 0
+        for _ in range(40):  # 50 a page
+            for event in page.get("events", []):
+                canary.json(f"Prefect event {event.get('event')}", event)
+                num_events += 1
+            if not page.get("next_page"):
+                break
+            page = client._client.get(page["next_page"]).json()
+        assert num_events, "the Prefect server returned no event of the run"
         return dict(flow_run.parameters)
 
 
