@@ -27,8 +27,10 @@ class Canary:
     def text(self, where: str, text: str | bytes) -> None:
         data = text if isinstance(text, bytes) else text.encode("utf-8", errors="replace")
         self.searched.append(where)
-        if self.value.encode() in data:
-            self.hits.append(where)
+        at = data.find(self.value.encode())
+        if at >= 0:  # where, and the text around it
+            around = data[max(at - 100, 0):at + len(self.value) + 40].decode("utf-8", errors="replace")
+            self.hits.append(f"{where}: ...{around.replace(self.value, '<CANARY>')!r}...")
 
     def json(self, where: str, value: Any) -> None:
         self.text(where, json.dumps(value, default=str))

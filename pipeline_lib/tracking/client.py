@@ -28,6 +28,26 @@ def create_client(tracking_uri: str):
 
 
 @contextlib.contextmanager
+def masked_run_links(tracking_uri: str) -> Iterator[None]:
+    """Within it, MLflow prints no run link when the tracking URI holds a password: its client writes the URI as it
+    is (`🏃 View run ... at: http://user:password@host/...`) to stdout when a run ends. tfdag's own link
+    (`run.run_ui_url`) masks the password."""
+    name = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
+    if mask_url_passwords(tracking_uri) == tracking_uri:
+        yield
+        return
+    previous = os.environ.get(name)
+    os.environ[name] = "true"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
+@contextlib.contextmanager
 def global_tracking_uri(tracking_uri: str) -> Iterator[None]:
     """MLflow's model logging reads the process-wide URIs; set them for the call only."""
     import mlflow

@@ -20,7 +20,7 @@ from pipeline_lib.core.secrets import is_secret_name, mask_url_passwords
 from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.evaluation.slicing import SliceResult
 from pipeline_lib.tracking import lineage
-from pipeline_lib.tracking.client import MAX_TAG_VALUE, clean_tags, create_client
+from pipeline_lib.tracking.client import MAX_TAG_VALUE, clean_tags, create_client, masked_run_links
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,8 @@ def finish_run(run_id: str, tracking_uri: str, status: RunStatus | str = RunStat
     client = create_client(tracking_uri)
     if failed_stage:
         client.set_tag(run_id, FAILED_STAGE_TAG, failed_stage[:MAX_TAG_VALUE])
-    client.set_terminated(run_id, status=name)
+    with masked_run_links(tracking_uri):
+        client.set_terminated(run_id, status=name)
     logger.debug("MLflow run %s ended %s%s", run_id, name, f" in stage {failed_stage}" if failed_stage else "")
 
 
