@@ -20,7 +20,12 @@ from pipeline_lib.core.secrets import is_secret_name, mask_url_passwords
 from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.evaluation.slicing import SliceResult
 from pipeline_lib.tracking import lineage
-from pipeline_lib.tracking.client import MAX_TAG_VALUE, clean_tags, create_client, masked_run_links
+from pipeline_lib.tracking.client import (
+    MAX_TAG_VALUE,
+    clean_tags,
+    create_client,
+    masked_run_links,
+)
 
 logger = logging.getLogger(__name__)
 
