@@ -71,8 +71,9 @@ class PipelineConfig(_Frozen):
         """The config as another process of this run gets it (a worker's spec) and the environment it needs.
 
         Each literal secret becomes a `${TFDAG_SECRET_…}` reference in the values and a variable of the returned
-        environment: a launcher puts that environment in the process's own (a child's env, Ray's runtime_env
-        env_vars), never in a file or a parameter. References already in the config stay as they are.
+        environment: a launcher puts that environment in the process's own (a child's env; on Ray, through the
+        in-memory call that starts the task's worker), never in a file or a parameter. References already in the
+        config stay as they are.
 
         Returns:
             (the JSON-ready values, {variable: secret}).
