@@ -257,7 +257,7 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
         run_name=run_name,
         run_dir=run_dir,
         mlflow_run_id=run_id,
-        mlflow_uri=config.mlflow_uri,
+        mlflow_uri=config.mlflow_uri_shown,  # a password masked: the summary is printed and stored
         experiment=config.tracking.experiment,
         metrics=report.metrics,
         model_name=version.name if version else None,

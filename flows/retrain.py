@@ -189,7 +189,7 @@ def retrain(params: RetrainParameters = DEFAULT_PARAMETERS):
         create_markdown_artifact(
             f"# Retrain `{config.name}`: {subject} {verdict}\n\n{check.message}\n\n{decision.reason}\n",
             key=_key(f"{config.name}-retrain-decision"), description="Retrain decision")
-        link = _ui_link(config.mlflow_uri, name, challenger) if challenger is not None else None
+        link = _ui_link(config.mlflow_uri_shown, name, challenger) if challenger is not None else None
         if link:
             create_link_artifact(link, link_text=f"{name} version {challenger}",
                                  key=_key(f"{config.name}-model-version"))

@@ -120,7 +120,8 @@ def validate_cluster(config: PipelineConfig) -> ClusterReport:
 @task(name="start_tracking_run", **transient_retries())
 def start_tracking_run(config: PipelineConfig, run_name: str, tags: dict[str, str]) -> str:
     run_id = tracking.start_run(config, run_name, tags=tags)
-    get_run_logger().info("MLflow run %s in experiment %r at %s", run_id, config.tracking.experiment, config.mlflow_uri)
+    get_run_logger().info("MLflow run %s in experiment %r at %s", run_id, config.tracking.experiment,
+                          config.mlflow_uri_shown)
     return run_id
 
 

@@ -4,10 +4,12 @@ which way a metric improves and what `auto` means on a cluster."""
 from __future__ import annotations
 
 import enum
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PlainSerializer, SerializationInfo
 
 from pipeline_lib.core.errors import UserError
+from pipeline_lib.core.secrets import serialize_secrets
 
 DEFAULT_ROOT = "./.tfdag"
 
@@ -16,8 +18,26 @@ class ConfigError(UserError, ValueError):
     """A configuration value is invalid; the message names the key path, source, value and fix."""
 
 
+def _serialize_secrets(value: Any, info: SerializationInfo) -> Any:
+    return serialize_secrets(value, info.context)
+
+
+_SECRETS = PlainSerializer(_serialize_secrets)
+# The fields that can hold a credential. Every dump of a config (a Prefect parameter, the MLflow config artifact, a
+# worker spec, a reproduce record, a log line) goes through this one serializer: a secret is written masked or as a
+# `${NAME}` reference, never as its value (core.secrets.serialize_secrets; the context decides which).
+SecretSettings = Annotated[dict[str, Any], _SECRETS]
+SecretUri = Annotated[str | None, _SECRETS]
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+
+    def __repr_args__(self):
+        # repr() is no dump, yet a traceback or a log line may show it: the credential fields masked there too.
+        for name, value in super().__repr_args__():
+            field = type(self).model_fields.get(name) if name else None
+            yield name, serialize_secrets(value, None) if field is not None and _SECRETS in field.metadata else value
 
 
 class DataFormat(str, enum.Enum):

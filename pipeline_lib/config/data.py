@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field, field_validator, model_validator
 
 from pipeline_lib.config.base import (
@@ -12,6 +10,7 @@ from pipeline_lib.config.base import (
     ImputeWith,
     MissingPolicy,
     OnBadRecord,
+    SecretSettings,
     _Frozen,
 )
 
@@ -45,7 +44,7 @@ class DataConfig(_Frozen):
     format: DataFormat = DataFormat.AUTO
     label: str
     features: tuple[str, ...] | None = None  # None: every column but the label
-    storage_options: dict[str, Any] = Field(default_factory=dict)
+    storage_options: SecretSettings = Field(default_factory=dict)  # secrets: masked in every dump
     split: SplitConfig = SplitConfig()
     target_shard_mb: float = Field(8.0, gt=0.0)
     compression: Compression = Compression.NONE

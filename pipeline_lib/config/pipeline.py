@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
-from pipeline_lib.config.base import DEFAULT_ROOT, ConfigError, _Frozen
+from pipeline_lib.config.base import DEFAULT_ROOT, ConfigError, SecretSettings, _Frozen
 from pipeline_lib.config.data import DataConfig
 from pipeline_lib.config.evaluation import EvaluationConfig
 from pipeline_lib.config.run import (
@@ -22,14 +22,15 @@ from pipeline_lib.config.run import (
     ValidationConfig,
 )
 from pipeline_lib.config.train import ModelConfig, TrainConfig
-from pipeline_lib.core.secrets import mask_secrets, mask_url_passwords
+from pipeline_lib.core import storage
+from pipeline_lib.core.secrets import SecretEnv, mask_url_passwords, secrets_context
 
 
 class PipelineConfig(_Frozen):
     name: str = "pipeline"
     data: DataConfig
     output_root: str = DEFAULT_ROOT
-    storage_options: dict[str, Any] = Field(default_factory=dict)  # for output_root
+    storage_options: SecretSettings = Field(default_factory=dict)  # for output_root; secrets masked in every dump
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
@@ -40,9 +41,13 @@ class PipelineConfig(_Frozen):
 
     @property
     def mlflow_uri(self) -> str:
-        """The MLflow tracking URI: tracking.mlflow_uri, else $MLFLOW_TRACKING_URI, else a sqlite store in output_root."""
+        """The MLflow tracking URI: tracking.mlflow_uri, else $MLFLOW_TRACKING_URI, else a sqlite store in output_root.
+
+        `${NAME}` references in tracking.mlflow_uri (`http://user:${MLFLOW_PASSWORD}@host`) are resolved here, in
+        the process that opens the store; show it with `mlflow_uri_shown`, never as it is.
+        """
         if self.tracking.mlflow_uri:
-            return self.tracking.mlflow_uri
+            return storage.expand_env(self.tracking.mlflow_uri, "tracking.mlflow_uri")
         if os.environ.get("MLFLOW_TRACKING_URI"):  # what `tfdag stack up` gives the worker's flow runs
             return os.environ["MLFLOW_TRACKING_URI"]
         root = self.output_root
@@ -51,19 +56,40 @@ class PipelineConfig(_Frozen):
         root = root.removeprefix("file://")
         return f"sqlite:///{os.path.abspath(os.path.join(root, 'mlflow.db'))}"
 
+    @property
+    def mlflow_uri_shown(self) -> str:
+        """`mlflow_uri` as a log line, a message or a summary may show it: its password masked."""
+        return mask_url_passwords(self.mlflow_uri)
+
     def masked_yaml(self) -> str:
-        """The resolved config as YAML with every credential masked (secret-named keys at any depth, and the
-        password of a URL such as `http://user:password@host`): safe to log and to store beside a run.
-        `${VARIABLE}` references are kept as written, so a rerun resolves them from its own environment."""
-        values = self.model_dump(mode="json", by_alias=True)
-        masked = mask_secrets(values)
-        # Column names, not a credential, though "key" is in the name: a rerun needs them as they were.
-        masked["data"]["split"]["key_columns"] = values["data"]["split"]["key_columns"]
-        text = yaml.safe_dump(masked, sort_keys=False)
-        return mask_url_passwords(text)
+        """The config as YAML, every credential masked by the one serializer of the config's credential fields
+        (storage options, tracking.mlflow_uri's password, train.ray.runtime_env): safe to log and to store beside a
+        run. `${VARIABLE}` references are kept as written, so a rerun resolves them from its own environment."""
+        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False)
+
+    def for_process(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """The config as another process of this run gets it (a worker's spec) and the environment it needs.
+
+        Each literal secret becomes a `${TFDAG_SECRET_…}` reference in the values and a variable of the returned
+        environment: a launcher puts that environment in the process's own (a child's env; on Ray, through the
+        in-memory call that starts the task's worker), never in a file or a parameter. References already in the
+        config stay as they are.
+
+        Returns:
+            (the JSON-ready values, {variable: secret}).
+        """
+        env = SecretEnv()
+        values = self.model_dump(mode="json", by_alias=True, context=secrets_context(env))
+        return values, env.env
+
+    def revealed(self) -> dict[str, Any]:
+        """The values with every literal secret as it is: only to validate a changed copy in this process
+        (never to write, log or pass on)."""
+        return self.model_dump(mode="json", by_alias=True, context=secrets_context(reveal=True))
 
     def config_hash(self) -> str:
-        """Stable sha256 of the configuration, secrets included only as hashed input."""
+        """Stable sha256 of the configuration as it is shown: a literal secret enters masked, a `${NAME}` reference
+        as written, so the hash holds nothing of a credential."""
         payload = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
         return hashlib.sha256(payload).hexdigest()
 

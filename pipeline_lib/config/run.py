@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pydantic import ConfigDict, Field, field_validator
 
-from pipeline_lib.config.base import RegisterPolicy, _Frozen
+from pipeline_lib.config.base import RegisterPolicy, SecretUri, _Frozen
 
 
 class TrackingConfig(_Frozen):
-    mlflow_uri: str | None = None  # None: sqlite:///<output_root>/mlflow.db
+    mlflow_uri: SecretUri = None  # None: sqlite:///<output_root>/mlflow.db; a password is masked in every dump
     experiment: str = "tfdag"
     # `register` in the YAML; BaseModel has a `register` attribute, so the field has another name.
     model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True, serialize_by_alias=True)

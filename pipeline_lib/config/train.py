@@ -13,6 +13,7 @@ from pipeline_lib.config.base import (
     Collective,
     ConfigError,
     LrScaling,
+    SecretSettings,
     Strategy,
     Task,
     _Frozen,
@@ -56,7 +57,7 @@ class RayConfig(_Frozen):
     address: str | None = None  # None: $RAY_ADDRESS
     resources_per_worker: dict[str, float] = Field(default_factory=lambda: {"CPU": 1.0})
     placement: RayPlacement = RayPlacement.SPREAD
-    runtime_env: dict[str, Any] = Field(default_factory=dict)  # passed through to every task's actor
+    runtime_env: SecretSettings = Field(default_factory=dict)  # passed through to every task's actor
     node_ip_address: str | None = None  # this driver's IP as Ray nodes reach it (ray.init's _node_ip_address)
     placement_timeout_s: float = Field(60.0, gt=0.0)
 

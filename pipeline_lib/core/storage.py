@@ -26,6 +26,7 @@ from pipeline_lib.core.object_stores import (
     protocol_of,
     version_marker,  # noqa: F401  (re-exported: the stages reach every store through this module)
 )
+from pipeline_lib.core.secrets import MASK, is_masked
 
 logger = logging.getLogger(__name__)
 
@@ -50,16 +51,23 @@ _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 def expand_env(options: Any, where: str = "storage_options") -> Any:
     """Replace `${NAME}` in storage option strings with the environment variable NAME.
 
-    Configs (which travel as Prefect parameters and worker specs) then hold a reference, never the secret:
+    The one place a reference becomes its value: in the process that opens the storage. Configs (which travel as
+    Prefect parameters, worker specs and MLflow records) hold the reference, or a mask, never the secret:
     `storage_options: {secret: "${AWS_SECRET_ACCESS_KEY}"}`.
 
     Raises:
-        StorageError: naming the option and the unset variable.
+        StorageAccessError: naming the option and the unset variable, or an option whose value was masked
+            (a literal secret of a config that was stored, e.g. as a deployment's parameter).
     """
     if isinstance(options, dict):
         return {k: expand_env(v, f"{where}.{k}") for k, v in options.items()}
     if isinstance(options, list):
         return [expand_env(v, f"{where}[{i}]") for i, v in enumerate(options)]
+    if is_masked(options):
+        raise StorageAccessError(
+            f"{where} holds {MASK}, a masked secret: the config was written literally with the secret and stored "
+            "(a Prefect parameter or a run's record keep it masked); write it as a \"${VARIABLE}\" reference and "
+            "set VARIABLE where the flow runs, or pass the config itself to the flow in this process")
     if isinstance(options, str) and "${" in options:
         def lookup(match: re.Match[str]) -> str:
             name = match.group(1)

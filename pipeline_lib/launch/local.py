@@ -47,7 +47,7 @@ from pipeline_lib.launch.errors import (
 from pipeline_lib.launch.exits import user_error_line
 from pipeline_lib.launch.group import TaskGroup
 from pipeline_lib.launch.processes import TaskProcess, TaskSpec, start_worker
-from pipeline_lib.launch.spec import USER_ERROR_EXIT_CODE, WorkerSpec
+from pipeline_lib.launch.spec import USER_ERROR_EXIT_CODE, WorkerSpec, write_spec
 from pipeline_lib.launch.supervisor import AttemptSupervisor, TrainProgress
 from pipeline_lib.planning.sharding import ShardPlan
 from pipeline_lib.training.results import RestartRecord, TrainResult
@@ -100,9 +100,7 @@ class LocalGroup:
         self.config = config
         self.extra_env = dict(env or {})
         self.work_dir = tempfile.mkdtemp(prefix="tfdag-launch-")
-        self.spec_path = os.path.join(self.work_dir, "worker_spec.json")
-        with open(self.spec_path, "w") as handle:
-            handle.write(spec.model_dump_json())
+        self.spec_path = write_spec(spec, self.work_dir)
 
     def plan_attempt(self) -> list[TaskSpec]:
         # A previous attempt's heartbeat would pass for this one's progress.
@@ -260,8 +258,9 @@ def launch_training(
     The train stage's entry point: the same worker processes a cluster would run, one per task.
     """
     heartbeat_dir = tempfile.mkdtemp(prefix="tfdag-heartbeats-")
+    values, secret_env = config.for_process()
     spec = WorkerSpec(
-        config=config.model_dump(mode="json"),
+        config=values,
         dataset_uri=manifest.dataset_uri,
         plan=plan,
         run_dir=run_dir,
@@ -269,6 +268,8 @@ def launch_training(
         heartbeat_dir=heartbeat_dir,
     )
     try:
-        return launch(spec, config, log_fn=log_fn, on_restart=on_restart, env=env, on_progress=on_progress).result
+        # A literal secret of the config reaches the workers in their environment, never in the spec file.
+        return launch(spec, config, log_fn=log_fn, on_restart=on_restart, env={**secret_env, **(env or {})},
+                      on_progress=on_progress).result
     finally:
         shutil.rmtree(heartbeat_dir, ignore_errors=True)

@@ -213,10 +213,16 @@ class RayTaskHandle:
 class RayGroup:
     """The Ray launcher's `TaskGroup`: a placement group and one `TaskRunner` actor per task, per attempt."""
 
-    def __init__(self, spec: WorkerSpec, config: PipelineConfig, env: Mapping[str, str] | None = None):
+    def __init__(self, spec: WorkerSpec, config: PipelineConfig, env: Mapping[str, str] | None = None,
+                 secret_env: Mapping[str, str] | None = None):
         self.spec_json = spec.model_dump_json()
         self.config = config
         self.extra_env = dict(env or {})
+        # Literal secrets reach each worker process in its environment, handed to the actor with the call that
+        # starts it (a task argument, kept in memory): not in runtime_env env_vars, which Ray's runtime env agent
+        # writes to every node's runtime_env_agent.log ("Creating runtime env: ..."), nor in the actor's
+        # constructor arguments, which the GCS keeps for restarts.
+        self.secret_env = dict(secret_env or {})
         self.run_tag = f"tfdag-{uuid.uuid4().hex[:8]}"
         self.attempt = 0
         self.placement_group: Any = None
@@ -280,7 +286,8 @@ class RayGroup:
         actor, node_ip, node_id = self.actors[task.name]
         handle = RayTaskHandle(task, actor, node_ip, node_id, log_fn, log_lock)
         self.started.append(handle)
-        _ray().get(actor.start.remote(task.cluster.model_dump_json(), task.is_trainer, task.env_tf_config),
+        _ray().get(actor.start.remote(task.cluster.model_dump_json(), task.is_trainer, task.env_tf_config,
+                                      self.secret_env),
                    timeout=self.config.train.ray.placement_timeout_s)
         return handle
 
@@ -337,22 +344,27 @@ def launch_training(
     config = config.model_copy(update={
         "output_root": output_root,
         "tracking": config.tracking.model_copy(update={"mlflow_uri": config.mlflow_uri})})
+    values, secret_env = config.for_process()
     return launch_on_ray(
-        WorkerSpec(config=config.model_dump(mode="json"), dataset_uri=dataset_uri, plan=plan,
+        WorkerSpec(config=values, dataset_uri=dataset_uri, plan=plan,
                    run_dir=run_dir, mlflow_run_id=mlflow_run_id, heartbeat_dir="<on each task's node>"),
-        config, log_fn=log_fn, on_restart=on_restart, env=env, on_progress=on_progress).result
+        config, log_fn=log_fn, on_restart=on_restart, env=env, on_progress=on_progress, secret_env=secret_env).result
 
 
 def launch_on_ray(spec: WorkerSpec, config: PipelineConfig, *, log_fn: Callable[[str], None] = print,
                   on_restart: Callable[[int, str], None] | None = None, env: Mapping[str, str] | None = None,
                   timeout_s: float | None = None,
-                  on_progress: Callable[[TrainProgress], None] | None = None) -> LaunchResult:
-    """`local.launch` with a `RayGroup`: connect, check the cluster, supervise, and always clean up."""
+                  on_progress: Callable[[TrainProgress], None] | None = None,
+                  secret_env: Mapping[str, str] | None = None) -> LaunchResult:
+    """`local.launch` with a `RayGroup`: connect, check the cluster, supervise, and always clean up.
+
+    `secret_env` (from `PipelineConfig.for_process`) reaches every task's worker process in its environment.
+    """
     connected = connect(config)
     try:
         check_cluster(config, len(plan_tasks(config)))
         return launch(spec, config, log_fn=log_fn, timeout_s=timeout_s, on_restart=on_restart,
-                      group=RayGroup(spec, config, env), on_progress=on_progress)
+                      group=RayGroup(spec, config, env, secret_env), on_progress=on_progress)
     finally:
         if connected:
             _ray().shutdown()

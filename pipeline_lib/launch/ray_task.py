@@ -17,7 +17,7 @@ from typing import Any
 from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.core.net import free_port
 from pipeline_lib.launch.processes import TaskProcess, TaskSpec, start_worker
-from pipeline_lib.launch.spec import WorkerSpec
+from pipeline_lib.launch.spec import WorkerSpec, write_spec
 
 MAX_BUFFERED_LINES = 20000
 
@@ -31,9 +31,7 @@ class TaskRunner:
         os.makedirs(self.heartbeat_dir)
         # The heartbeat stays on this node; the driver reads it through `status`.
         spec = WorkerSpec.model_validate_json(spec_json).model_copy(update={"heartbeat_dir": self.heartbeat_dir})
-        self.spec_path = os.path.join(self.work_dir, "worker_spec.json")
-        with open(self.spec_path, "w") as handle:
-            handle.write(spec.model_dump_json())
+        self.spec_path = write_spec(spec, self.work_dir)
         self.extra_env = dict(extra_env)
         self.process: TaskProcess | None = None
         self._lines: list[str] = []
@@ -52,11 +50,14 @@ class TaskRunner:
             del self._lines[:cut]
             self._dropped += cut
 
-    def start(self, cluster_json: str, is_trainer: bool, env_tf_config: bool) -> int:
-        """Start the worker process with this TF_CONFIG; returns its pid."""
+    def start(self, cluster_json: str, is_trainer: bool, env_tf_config: bool,
+              secret_env: dict[str, str] | None = None) -> int:
+        """Start the worker process with this TF_CONFIG, and `secret_env` (the config's literal secrets) in its
+        environment only; returns its pid."""
         task = TaskSpec(ClusterInfo.model_validate_json(cluster_json), is_trainer=is_trainer,
                         env_tf_config=env_tf_config)
-        self.process = start_worker(task, self.spec_path, self.extra_env, self._append, self._lock, prefix="",
+        env = {**self.extra_env, **(secret_env or {})}
+        self.process = start_worker(task, self.spec_path, env, self._append, self._lock, prefix="",
                                     heartbeat_dir=self.heartbeat_dir)
         return self.process.popen.pid
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -34,7 +35,7 @@ class WorkerSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    config: dict[str, Any]  # PipelineConfig.model_dump(mode="json")
+    config: dict[str, Any]  # PipelineConfig.for_process()'s values: literal secrets as ${TFDAG_SECRET_…} references
     dataset_uri: str  # the manifest's dataset_uri
     plan: ShardPlan
     run_dir: str
@@ -43,6 +44,22 @@ class WorkerSpec(BaseModel):
 
     def pipeline_config(self) -> PipelineConfig:
         return parse_config(self.config, source="the worker spec's config")
+
+
+SPEC_NAME = "worker_spec.json"
+
+
+def write_spec(spec: WorkerSpec, directory: str) -> str:
+    """Write `spec` as `<directory>/worker_spec.json`, readable by its owner only (0600), and return its path.
+
+    The spec holds no secret (its config went through `PipelineConfig.for_process`); 0600 all the same, and the
+    launcher removes the directory when the launch ends.
+    """
+    path = os.path.join(directory, SPEC_NAME)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(spec.model_dump_json())
+    return path
 
 
 def load_spec(spec_uri: str) -> WorkerSpec:

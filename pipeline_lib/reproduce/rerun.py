@@ -22,7 +22,7 @@ import yaml
 from pipeline_lib.config import ConfigError, PipelineConfig, Strategy, parse_config
 from pipeline_lib.core import runs, storage
 from pipeline_lib.core.errors import UserError
-from pipeline_lib.core.secrets import MASK
+from pipeline_lib.core.secrets import is_masked
 from pipeline_lib.data.convert import convert
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.evaluation.consolidation import restore_model
@@ -114,7 +114,7 @@ def _masked_keys(value: Any, where: str = "") -> list[str]:
         return [k for key, item in value.items() for k in _masked_keys(item, f"{where}.{key}" if where else key)]
     if isinstance(value, list):
         return [k for i, item in enumerate(value) for k in _masked_keys(item, f"{where}[{i}]")]
-    return [where] if value == MASK else []
+    return [where] if is_masked(value) else []
 
 
 def _config_from(text: str, run_id: str) -> PipelineConfig:

@@ -103,7 +103,7 @@ def find_baseline(config: PipelineConfig, against: str | None = None,
     try:
         client.get_run(against)
     except MlflowException:
-        raise ConfigError(f"validation against {against!r}: no MLflow run with that id at {config.mlflow_uri}; "
+        raise ConfigError(f"validation against {against!r}: no MLflow run with that id at {config.mlflow_uri_shown}; "
                           "pass 'latest', 'champion' or the id of a run of this pipeline") from None
     found = _load(client, against, f"run {against}")
     if found is None:

@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pipeline_lib.core.secrets import is_secret_name
+from pipeline_lib.core.secrets import is_secret_name, mask_url_passwords
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +25,26 @@ def create_client(tracking_uri: str):
         if directory:
             os.makedirs(directory, exist_ok=True)
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+@contextlib.contextmanager
+def masked_run_links(tracking_uri: str) -> Iterator[None]:
+    """Within it, MLflow prints no run link when the tracking URI holds a password: its client writes the URI as it
+    is (`🏃 View run ... at: http://user:password@host/...`) to stdout when a run ends. tfdag's own link
+    (`run.run_ui_url`) masks the password."""
+    name = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
+    if mask_url_passwords(tracking_uri) == tracking_uri:
+        yield
+        return
+    previous = os.environ.get(name)
+    os.environ[name] = "true"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
 
 
 @contextlib.contextmanager
@@ -55,11 +75,12 @@ def global_tracking_uri(tracking_uri: str) -> Iterator[None]:
 
 
 def clean_tags(tags: Mapping[str, Any] | None) -> dict[str, str]:
-    """The tags as strings within MLflow's length limit, without names that look like credentials."""
+    """The tags as strings within MLflow's length limit, without names that look like credentials and with the
+    password of any URL masked."""
     cleaned = {}
     for name, value in (tags or {}).items():
         if is_secret_name(name):
             logger.warning("tag %s looks like a credential and is not logged", name)
             continue
-        cleaned[name] = str(value)[:MAX_TAG_VALUE]
+        cleaned[name] = mask_url_passwords(str(value))[:MAX_TAG_VALUE]
     return cleaned

@@ -262,7 +262,7 @@ def apply_overrides(config: PipelineConfig, overrides: Mapping[str, Any], source
     Raises:
         ConfigError: naming the key when it does not exist or its value is invalid.
     """
-    data = config.model_dump(mode="json")
+    data = config.revealed()  # re-validated in this process: a literal secret must stay usable
     for dotted, value in overrides.items():
         parts = dotted.split(".")
         node = data

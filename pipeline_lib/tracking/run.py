@@ -16,11 +16,16 @@ from typing import Any
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
 from pipeline_lib.core.errors import UserError
-from pipeline_lib.core.secrets import is_secret_name
+from pipeline_lib.core.secrets import is_secret_name, mask_url_passwords
 from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.evaluation.slicing import SliceResult
 from pipeline_lib.tracking import lineage
-from pipeline_lib.tracking.client import MAX_TAG_VALUE, clean_tags, create_client
+from pipeline_lib.tracking.client import (
+    MAX_TAG_VALUE,
+    clean_tags,
+    create_client,
+    masked_run_links,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +72,7 @@ def _get_or_create_experiment(client, config: PipelineConfig) -> str:
                 raise
     if experiment.lifecycle_stage == "deleted":
         raise TrackingError(
-            f"tracking.experiment {name!r} is deleted in the MLflow store {config.mlflow_uri}; restore it "
+            f"tracking.experiment {name!r} is deleted in the MLflow store {config.mlflow_uri_shown}; restore it "
             f"(mlflow experiments restore --experiment-id {experiment.experiment_id}) or choose another name"
         )
     lineage.mark_model_training(client, experiment.experiment_id)
@@ -109,7 +114,7 @@ def start_run(config: PipelineConfig, run_name: str, *, tags: Mapping[str, Any] 
     all_tags = {"tfdag.pipeline": config.name, "tfdag.config_hash": config.config_hash(), **clean_tags(tags)}
     run = client.create_run(experiment_id, run_name=run_name, tags=all_tags)
     logger.debug("MLflow run %s (%s) in experiment %r at %s", run.info.run_id, run_name,
-                config.tracking.experiment, config.mlflow_uri)
+                config.tracking.experiment, config.mlflow_uri_shown)
     return run.info.run_id
 
 
@@ -132,14 +137,15 @@ def finish_run(run_id: str, tracking_uri: str, status: RunStatus | str = RunStat
     client = create_client(tracking_uri)
     if failed_stage:
         client.set_tag(run_id, FAILED_STAGE_TAG, failed_stage[:MAX_TAG_VALUE])
-    client.set_terminated(run_id, status=name)
+    with masked_run_links(tracking_uri):
+        client.set_terminated(run_id, status=name)
     logger.debug("MLflow run %s ended %s%s", run_id, name, f" in stage {failed_stage}" if failed_stage else "")
 
 
 def _param_value(value: Any) -> str:
     if isinstance(value, enum.Enum):
         value = value.value
-    text = str(value)
+    text = mask_url_passwords(str(value))
     return text if len(text) <= _MAX_PARAM_VALUE else text[: _MAX_PARAM_VALUE - 3] + "..."
 
 
@@ -257,4 +263,5 @@ def run_ui_url(tracking_uri: str, run_id: str) -> str | None:
     if not tracking_uri.startswith(("http://", "https://")):
         return None
     experiment_id = create_client(tracking_uri).get_run(run_id).info.experiment_id
-    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{lineage.MODEL_TRAINING_VIEW}"
+    # A link is shown and stored (a Prefect artifact): a password in the URI is masked.
+    return f"{mask_url_passwords(tracking_uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{lineage.MODEL_TRAINING_VIEW}"

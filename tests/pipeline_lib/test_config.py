@@ -1,5 +1,7 @@
 """Config loading: frozen models, unknown keys rejected, errors naming key path, file, value and fix."""
 
+import json
+
 import pydantic
 import pytest
 import yaml
@@ -12,6 +14,7 @@ from pipeline_lib.config import (
     load_config,
     resolve_config,
 )
+from pipeline_lib.core.secrets import MASK
 
 MINIMAL = {"data": {"source": "./raw/*.csv", "label": "y"}}
 
@@ -135,9 +138,9 @@ def test_masked_yaml_hides_secret_keys_and_url_passwords_but_keeps_the_rest():
     text = config.masked_yaml()
     assert "AKIAEXAMPLE" not in text and "sekrit-value" not in text and "pa55word" not in text
     loaded = yaml.safe_load(text)
-    assert loaded["data"]["storage_options"]["secret"] == "***"
+    assert loaded["data"]["storage_options"]["secret"] == MASK
     assert loaded["data"]["storage_options"]["client_kwargs"]["endpoint_url"] == "http://127.0.0.1:9000"
-    assert loaded["tracking"]["mlflow_uri"] == "http://alice:***@127.0.0.1:5000"
+    assert loaded["tracking"]["mlflow_uri"] == f"http://alice:{MASK}@127.0.0.1:5000"
     assert loaded["name"] == "masked" and loaded["data"]["label"] == "y"
 
 
@@ -167,3 +170,49 @@ def test_ray_address_comes_from_the_config_then_ray_address_and_neither_names_bo
     with pytest.raises(ConfigError) as error:
         RayConfig().resolved_address({})
     assert "neither train.ray.address nor the RAY_ADDRESS environment variable is set" in str(error.value)
+
+
+def test_every_dump_of_a_config_masks_its_secrets_and_for_process_moves_them_to_the_environment(monkeypatch):
+    from fastapi.encoders import jsonable_encoder
+
+    from pipeline_lib.config import parse_config
+    from pipeline_lib.core import storage
+
+    config = parse_config({
+        "name": "secrets",
+        "data": {"source": "s3://bucket/raw.csv", "label": "y", "split": {"key_columns": ["id"]},
+                 "storage_options": {"key": "AKIAEXAMPLE", "secret": "sekrit-value"}},
+        "storage_options": {"secret": "${MY_S3_SECRET}", "connection_string": "AccountKey=azure-key;"},
+        "tracking": {"mlflow_uri": "http://alice:pa55word@127.0.0.1:5000"},
+        "train": {"ray": {"runtime_env": {"env_vars": {"API_TOKEN": "ray-token"}}}},
+    })
+    # The Prefect parameter (FastAPI's encoder), JSON, a Python dump and the config's hash hold no secret.
+    for dumped in (json.dumps(jsonable_encoder(config)), config.model_dump_json(), str(config.model_dump()),
+                   config.masked_yaml(), repr(config), str(config)):
+        for secret in ("AKIAEXAMPLE", "sekrit-value", "azure-key", "pa55word", "ray-token"):
+            assert secret not in dumped
+        assert "${MY_S3_SECRET}" in dumped and MASK in dumped and "id" in dumped
+    # In this process the values are as written.
+    assert config.data.storage_options["secret"] == "sekrit-value"
+    assert config.mlflow_uri == "http://alice:pa55word@127.0.0.1:5000"
+    assert config.mlflow_uri_shown == f"http://alice:{MASK}@127.0.0.1:5000"
+    # Another process gets references, and the values in its environment.
+    values, env = config.for_process()
+    assert "sekrit-value" not in json.dumps(values) and "pa55word" not in json.dumps(values)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MY_S3_SECRET", "from-env")
+    worker = parse_config(values)
+    assert storage.expand_env(worker.data.storage_options) == {"key": "AKIAEXAMPLE", "secret": "sekrit-value"}
+    assert storage.expand_env(worker.storage_options)["secret"] == "from-env"
+    assert worker.mlflow_uri == "http://alice:pa55word@127.0.0.1:5000"
+
+
+def test_a_masked_secret_that_reaches_storage_names_the_option_and_the_fix():
+    from pipeline_lib.config import parse_config
+    from pipeline_lib.core import storage
+
+    stored = parse_config(parse_config({"data": {"source": "s3://b/r.csv", "label": "y",
+                                                 "storage_options": {"secret": "x"}}}).model_dump(mode="json"))
+    with pytest.raises(storage.StorageAccessError, match=r"data.storage_options.secret holds .*\$\{VARIABLE\}"):
+        storage.expand_env(stored.data.storage_options, "data.storage_options")

@@ -13,6 +13,7 @@ import tensorflow as tf
 from pipeline_lib.cluster.check import validate_cluster
 from pipeline_lib.cluster.report import ClusterConfigError, ClusterReport
 from pipeline_lib.config import parse_config
+from pipeline_lib.core.secrets import MASK
 from tests.pipeline_lib.cluster.tf_config_cases import tf_config
 
 REPO = str(Path(__file__).resolve().parents[3])
@@ -31,7 +32,7 @@ def test_validate_cluster_reports_versions_devices_and_masked_env():
     assert report.versions["tensorflow"] == tf.__version__
     assert set(report.versions) >= {"python", "tensorflow", "keras", "protobuf", "numpy", "tfdag", "prefect"}
     assert report.devices["CPU"] == tuple(d.name for d in tf.config.list_physical_devices("CPU"))
-    assert report.env == {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_SERVICE_TOKEN": "***", "XLA_FLAGS": "--xla_foo"}
+    assert report.env == {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_SERVICE_TOKEN": MASK, "XLA_FLAGS": "--xla_foo"}
     assert "cuda_version" in report.tf_build
     text = report.to_json()
     assert "abc123" not in text and "abc123" not in report.to_markdown()

@@ -7,12 +7,13 @@ import pytest
 from pipeline_lib.cluster.fingerprint import OVERRIDE_ENV, collect_fingerprint
 from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.cluster.preflight_report import PreflightError
+from pipeline_lib.core.secrets import MASK
 
 
 def test_collect_fingerprint_applies_the_override_and_still_masks_secrets():
     environ = {"TF_API_TOKEN": "hunter2", "XLA_FLAGS": "--xla_x", OVERRIDE_ENV: '{"numpy": "1.0", "data_hash": "z"}'}
     fingerprint = collect_fingerprint(ClusterInfo(), "c", "d", environ=environ)
-    assert fingerprint.env == {"TF_API_TOKEN": "***", "XLA_FLAGS": "--xla_x"}
+    assert fingerprint.env == {"TF_API_TOKEN": MASK, "XLA_FLAGS": "--xla_x"}
     assert "hunter2" not in fingerprint.model_dump_json()
     assert fingerprint.versions["numpy"] == "1.0" and fingerprint.data_hash == "z"
     assert fingerprint.overrides == ("data_hash", "numpy")

@@ -8,7 +8,7 @@ import numpy as np
 import yaml
 
 from pipeline_lib.config import parse_config
-from pipeline_lib.core.secrets import mask_secrets
+from pipeline_lib.core.secrets import MASK, mask_secrets
 from pipeline_lib.reproduce.rerun import _masked_keys, compare_weights
 from pipeline_lib.tracking import reproducibility
 
@@ -53,7 +53,7 @@ def test_the_recorded_config_keeps_env_references_and_masks_secret_values():
     text = config.masked_yaml()
     assert "${AWS_ACCESS_KEY_ID}" in text and "hunter2" not in text
     assert yaml.safe_load(text)["data"]["split"]["key_columns"] == ["id"]  # column names, not a secret
-    assert mask_secrets({"token": "${A}${B}", "password": "x${A}"}) == {"token": "${A}${B}", "password": "***"}
+    assert mask_secrets({"token": "${A}${B}", "password": "x${A}"}) == {"token": "${A}${B}", "password": MASK}
     assert _masked_keys(yaml.safe_load(text)) == ["data.storage_options.secret"]
 
 
