@@ -30,63 +30,64 @@ static inline uint32_t float_bits(float value) {
 }
 
 /* Both passes visit the values row by row: `rows` is the per-row split (1 = eval), or NULL with every row in
-   split `all`. ROW_LOOP binds `which` (the row's split) and `x` (each of its `width` values) around BODY. */
+   split `all`. ROW_LOOP binds `eval` (whether the row is an eval row) and `x` (each of its values) around BODY. */
 #define ROW_LOOP(TYPE, BODY)                                                   \
     for (Py_ssize_t r = 0, i = 0; r < num_rows; r++) {                         \
-        int which = rows != NULL ? (rows[r] != 0) : all;                       \
+        const int eval = rows != NULL ? (rows[r] != 0) : all;                  \
         for (Py_ssize_t j = 0; j < width; j++, i++) {                          \
-            TYPE x = v[i];                                                     \
+            const TYPE x = v[i];                                               \
             BODY                                                               \
         }                                                                      \
     }
 
-/* The sums live in locals, not in `s`: the key arrays are int64 too, so through a pointer every increment of a
-   key would force the compiler to reload and store them (aliasing), a dependency chain through memory per value. */
-#define ADD_VALUES(TYPE, IS_MISSING, AS_FLOAT)                                 \
-    int64_t missing[2] = {0, 0};                                               \
-    double sum[2] = {0.0, 0.0}, low[2] = {INFINITY, INFINITY};                 \
-    double high[2] = {-INFINITY, -INFINITY}, m2[2] = {0.0, 0.0};               \
+/* Every sum is a scalar local per split, updated through selects, not an array indexed by the split: array slots
+   would live in memory (and the int64 keys may alias them), making each addition wait on the store before it;
+   in registers the two splits' chains run side by side. A missing value adds 0 and compares false. */
+#define ADD_VALUES(TYPE, IS_PRESENT, AS_FLOAT)                                 \
+    int64_t present_t = 0, present_e = 0, rows_e = 0;                          \
+    double sum_t = 0.0, sum_e = 0.0, m2_t = 0.0, m2_e = 0.0;                   \
+    double low_t = INFINITY, low_e = INFINITY;                                 \
+    double high_t = -INFINITY, high_e = -INFINITY;                             \
     int64_t *train_keys = keys[0], *eval_keys = keys[1];                       \
     ROW_LOOP(TYPE, {                                                           \
-        if (IS_MISSING) {                                                      \
-            missing[which]++;                                                  \
-            continue;                                                          \
-        }                                                                      \
-        double d = (double)x;                                                  \
-        sum[which] += d;                                                       \
-        low[which] = d < low[which] ? d : low[which];                          \
-        high[which] = d > high[which] ? d : high[which];                       \
-        (which ? eval_keys : train_keys)[float_bits(AS_FLOAT) >> shift]++;     \
+        const int present = (IS_PRESENT);                                      \
+        const double d = present ? (double)x : 0.0;                            \
+        present_e += eval & present;                                           \
+        present_t += (!eval) & present;                                        \
+        sum_e += eval ? d : 0.0;                                               \
+        sum_t += eval ? 0.0 : d;                                               \
+        low_e = eval && present && d < low_e ? d : low_e;                      \
+        low_t = !eval && present && d < low_t ? d : low_t;                     \
+        high_e = eval && present && d > high_e ? d : high_e;                   \
+        high_t = !eval && present && d > high_t ? d : high_t;                  \
+        (eval ? eval_keys : train_keys)[float_bits(AS_FLOAT) >> shift] += present; \
     })                                                                         \
-    int64_t count[2] = {0, 0};                                                 \
     if (rows == NULL) {                                                        \
-        count[all] = num_rows * width - missing[all];                          \
+        rows_e = all ? num_rows : 0;                                           \
     } else {                                                                   \
-        int64_t num_eval = 0;                                                  \
-        for (Py_ssize_t r = 0; r < num_rows; r++) num_eval += rows[r] != 0;    \
-        count[1] = num_eval * width - missing[1];                              \
-        count[0] = (num_rows - num_eval) * width - missing[0];                 \
+        for (Py_ssize_t r = 0; r < num_rows; r++) rows_e += rows[r] != 0;      \
     }                                                                          \
-    double mean[2] = {count[0] ? sum[0] / (double)count[0] : 0.0,              \
-                      count[1] ? sum[1] / (double)count[1] : 0.0};             \
+    const double mean_t = present_t ? sum_t / (double)present_t : 0.0;         \
+    const double mean_e = present_e ? sum_e / (double)present_e : 0.0;         \
     ROW_LOOP(TYPE, {                                                           \
-        if (IS_MISSING) continue;                                              \
-        double d = (double)x - mean[which];                                    \
-        m2[which] += d * d;                                                    \
+        const int present = (IS_PRESENT);                                      \
+        const double d = present ? (double)x - (eval ? mean_e : mean_t) : 0.0; \
+        m2_e += eval ? d * d : 0.0;                                            \
+        m2_t += eval ? 0.0 : d * d;                                            \
     })                                                                         \
-    for (int k = 0; k < 2; k++) {                                              \
-        s[k].count = count[k], s[k].missing = missing[k], s[k].sum = sum[k];   \
-        s[k].m2 = m2[k], s[k].min = low[k], s[k].max = high[k];                \
-    }
+    s[0] = (split_sums){present_t, (num_rows - rows_e) * width - present_t,    \
+                       sum_t, m2_t, low_t, high_t};                            \
+    s[1] = (split_sums){present_e, rows_e * width - present_e,                 \
+                       sum_e, m2_e, low_e, high_e};
 
 static void add_floats(const float *v, Py_ssize_t num_rows, Py_ssize_t width, const uint8_t *rows, int all,
                        int64_t *keys[2], int shift, split_sums s[2]) {
-    ADD_VALUES(float, isnan(x), x)
+    ADD_VALUES(float, !isnan(x), x)
 }
 
 static void add_ints(const int64_t *v, Py_ssize_t num_rows, Py_ssize_t width, const uint8_t *rows, int all,
                      int64_t *keys[2], int shift, split_sums s[2]) {
-    ADD_VALUES(int64_t, x == INT64_MIN, (float)x)
+    ADD_VALUES(int64_t, x != INT64_MIN, (float)x)
 }
 
 PyObject *numeric_statistics(PyObject *self, PyObject *args) {
