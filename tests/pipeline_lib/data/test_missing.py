@@ -166,13 +166,14 @@ def test_nan_in_the_source_is_missing_counted_and_imputed_with_the_train_mean(tm
         assert np.array_equal(imputed[~holes, j], x[~holes, j])
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "npz"])
+@pytest.mark.parametrize("fmt", ["parquet", "npz", "jsonl"])
 def test_nan_in_the_source_fails_or_is_skipped_as_data_missing_says(tmp_path, fmt):
     source = _write_source(tmp_path, fmt, _columns_with_nan())
     with pytest.raises(ConversionError) as error:
         convert(DataConfig(source=source, label="y", missing="fail"), str(tmp_path / "fail"))
     message = str(error.value)
-    assert f"holes.{fmt} row 4, column 'b': value nan is missing" in message and "data.missing" in message
+    unit = "line" if fmt == "jsonl" else "row"
+    assert f"holes.{fmt} {unit} 4, column 'b': value nan is missing" in message and "data.missing" in message
     manifest = convert(DataConfig(source=source, label="y", missing_columns={"b": {"missing": "skip"}}),
                        str(tmp_path / "skip"))
     assert manifest.num_bad_records == 2
