@@ -9,8 +9,8 @@
        (count, missing, mean, m2, min, max), m2 being the sum of squared deviations from the chunk's own mean.
 
    The numpy path in `pipeline_lib.data.accumulators` computes the same numbers with about ten passes over the
-   values and a copy of every column per split; this is two passes (the second one, for m2, over values that
-   are still in the cache) with no copy, which is what keeps statistics cheap beside the encoding.
+   values and a copy of every column per split; this reads each value once from memory (then twice more from a
+   block buffer in L1), which is what keeps statistics cheap beside the encoding.
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
