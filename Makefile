@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test bench install clean stack-up stack-down
 
-$(STAMP): pyproject.toml pipeline_lib/core/_native.c
+$(STAMP): pyproject.toml pipeline_lib/core/_native.c pipeline_lib/core/_native_statistics.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/pip install --quiet -e '.[dev]'

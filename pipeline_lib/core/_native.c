@@ -19,6 +19,7 @@
    use_hardware(flag)            switch between the CPU's crc32 instruction and the table loop (for tests).
    split_hash(h, words, k)       for each row r: for each of its k uint64 words w: h[r] ^= w; h[r] = mix(h[r]),
                                  mix being splitmix64's finalizer (the numpy loop in conversion.split_hash).
+   numeric_statistics(...)       one numeric column's statistics for both splits (in _native_statistics.c).
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h> /* first: its pyconfig.h defines _GNU_SOURCE, which sync_file_range needs */
@@ -346,6 +347,8 @@ static PyObject *use_hardware(PyObject *self, PyObject *args) {
     return PyBool_FromLong(before);
 }
 
+PyObject *numeric_statistics(PyObject *self, PyObject *args); /* _native_statistics.c */
+
 static PyMethodDef methods[] = {
     {"use_hardware", use_hardware, METH_VARARGS,
      "use_hardware(flag): use the CPU's CRC32C instruction when it has one (False: the table loop); returns the old setting"},
@@ -356,6 +359,8 @@ static PyMethodDef methods[] = {
     {"start_writeback", start_writeback, METH_VARARGS,
      "start_writeback(fd, offset, nbytes): start writing a byte range of a file to its device (no wait)"},
     {"crc32c", crc32c_value, METH_VARARGS, "crc32c(data): the (unmasked) CRC32C of a buffer"},
+    {"numeric_statistics", numeric_statistics, METH_VARARGS,
+     "numeric_statistics(values, split, train_keys, eval_keys, shift): per split (count, missing, mean, m2, min, max)"},
     {NULL, NULL, 0, NULL},
 };
 

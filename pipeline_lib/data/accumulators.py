@@ -1,7 +1,8 @@
 """Accumulating statistics over the chunks of a conversion: one accumulator per split and column, on a thread.
 
-The frozen results, the sketch and the merge rules are in `statistics`; this module only adds chunks, with as
-few passes over the values as it can (it runs on every value conversion writes).
+The frozen results, the sketch and the merge rules are in `statistics`; this module only adds chunks. It runs on
+every value conversion writes, so a numeric column goes through one C loop per chunk for both splits
+(`_native.numeric_statistics`), and through numpy only where the extension is not built.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline_lib.core import native
 from pipeline_lib.data.manifest import DType
 from pipeline_lib.data.statistics import (
     MISSING_INT64,
@@ -71,11 +73,6 @@ class NumericAccumulator:
         bits = np.ascontiguousarray(flat, dtype=np.float32).view(np.uint32)
         self.keys += np.bincount((bits >> np.uint32(SKETCH_SHIFT)).view(np.int32), minlength=2 * NUM_SKETCH_KEYS)
 
-    def add_sums(self, count: int, mean: float, m2: float, low: float, high: float, keys: np.ndarray) -> None:
-        """Add a chunk already reduced (see `add_float_matrix`): no missing values among its `count`."""
-        self._merge(count, mean, m2, low, high)
-        self.keys += keys
-
     def _merge(self, count: int, mean: float, m2: float, low: float, high: float) -> None:
         # Chan, Golub and LeVeque's pairwise update: exact in real arithmetic, in any order.
         total = self.count + count
@@ -87,42 +84,38 @@ class NumericAccumulator:
 
     def result(self) -> NumericStatistics:
         positive, negative = self.keys[:NUM_SKETCH_KEYS], self.keys[NUM_SKETCH_KEYS:]
-        sketch = {int(k): int(positive[k]) for k in np.flatnonzero(positive)}
-        sketch.update({int(-k - 1): int(negative[k]) for k in np.flatnonzero(negative)})
+        present, below = np.flatnonzero(positive), np.flatnonzero(negative)
+        sketch = dict(zip(present.tolist(), positive[present].tolist()))
+        sketch.update(zip((-below - 1).tolist(), negative[below].tolist()))
         if not self.count:
             return NumericStatistics(count=0, missing=self.missing)
         return NumericStatistics(count=self.count, missing=self.missing, min=self.min, max=self.max,
                                  mean=self.mean, variance=self.m2 / self.count, sketch=sketch)
 
 
-def add_float_matrix(accumulators: list[NumericAccumulator], matrix: np.ndarray) -> None:
-    """Add a (rows, k) float32 matrix, column j to `accumulators[j]`: each reduction runs once over the whole
-    matrix, which costs far less per value than k passes over single columns (the common wide-table case)."""
-    num_rows = matrix.shape[0]
-    if not num_rows:
+def add_numeric_splits(train: NumericAccumulator, eval_: NumericAccumulator, values: np.ndarray,
+                       split: np.ndarray | int) -> None:
+    """Add a chunk of one numeric column to both splits: `split` is each row's (True: eval), or 0 or 1 for all.
+
+    One C loop (`_native.numeric_statistics`) over the values, with no copy per split; without the extension,
+    each split's rows through `NumericAccumulator.add`. Both give the same counts, extremes and sketch, and the
+    same mean and variance up to the order of the float64 additions.
+    """
+    values = np.ascontiguousarray(values)
+    # getattr: an extension built before numeric_statistics existed (not reinstalled yet) takes the numpy path.
+    loop = getattr(native.module, "numeric_statistics", None)
+    if loop is None or values.dtype not in (np.float32, np.int64):
+        if isinstance(split, int):
+            (eval_ if split else train).add(values)
+        else:
+            eval_.add(values[split])
+            train.add(values[~split])
         return
-    sums = matrix.sum(axis=0, dtype=np.float64)
-    with_missing = np.flatnonzero(np.isnan(sums))
-    if len(with_missing):  # rare: those columns one by one, the others together
-        for j in with_missing.tolist():
-            accumulators[j].add(matrix[:, j])
-        keep = np.flatnonzero(~np.isnan(sums))
-        if not len(keep):
-            return
-        add_float_matrix([accumulators[j] for j in keep.tolist()], np.ascontiguousarray(matrix[:, keep]))
-        return
-    means = sums / num_rows
-    deviations = matrix.astype(np.float64)
-    deviations -= means
-    m2 = np.einsum("ij,ij->j", deviations, deviations)
-    del deviations
-    lows, highs = matrix.min(axis=0), matrix.max(axis=0)
-    width = matrix.shape[1]
-    keys = (np.ascontiguousarray(matrix).view(np.uint32) >> np.uint32(SKETCH_SHIFT)).view(np.int32)
-    keys += (np.arange(width, dtype=np.int32) * (2 * NUM_SKETCH_KEYS))[None, :]
-    counts = np.bincount(keys.reshape(-1), minlength=width * 2 * NUM_SKETCH_KEYS).reshape(width, 2 * NUM_SKETCH_KEYS)
-    for j, accumulator in enumerate(accumulators):
-        accumulator.add_sums(num_rows, float(means[j]), float(m2[j]), float(lows[j]), float(highs[j]), counts[j])
+    sums = loop(values, split, train.keys, eval_.keys, SKETCH_SHIFT)
+    for accumulator, (count, missing, mean, m2, low, high) in zip((train, eval_), sums):
+        accumulator.missing += missing
+        if count:
+            accumulator._merge(count, mean, m2, low, high)
 
 
 class StringAccumulator:
@@ -227,33 +220,21 @@ class StatisticsBuilder:
     def add_chunk(self, columns: dict[str, Any], to_eval: np.ndarray, num_eval: int) -> None:
         """Add one chunk's rows to the statistics of their split: `to_eval` marks the `num_eval` eval rows."""
         num_rows = len(to_eval)
-        # Scalar float32 columns as one matrix: split and reduced once for all of them.
-        floats = [n for n, v in columns.items() if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype == np.float32]
-        matrix = np.stack([columns[n] for n in floats], axis=1) if len(floats) > 1 else None
-        others = {n: v for n, v in columns.items() if matrix is None or n not in floats}
-        if num_eval in (0, num_rows):
-            split = "eval" if num_eval else "train"
-            self.add(split, others, num_rows)
-            if matrix is not None:
-                self._add_floats(split, floats, matrix)
-            return
-        for split, rows, count in (("eval", to_eval, num_eval), ("train", ~to_eval, num_rows - num_eval)):
-            arrow_rows = pa.array(rows)
-            self.add(split, {name: v[rows] if isinstance(v, np.ndarray) else v.filter(arrow_rows)
-                             for name, v in others.items()}, count)
-            if matrix is not None:
-                self._add_floats(split, floats, matrix[rows])
-
-    def add(self, split: str, columns: dict[str, Any], num_rows: int) -> None:
-        """Add the rows of one split of one chunk: column name → converted values (missing ones as in the records)."""
-        if not num_rows:
-            return
-        self.num_rows[split] += num_rows
+        split: np.ndarray | int = to_eval if 0 < num_eval < num_rows else int(num_eval > 0)
+        arrow_rows = {}  # the Arrow masks of each split, made once for all string columns
         for name, values in columns.items():
-            self.columns[split][name].add(values)
-
-    def _add_floats(self, split: str, names: list[str], matrix: np.ndarray) -> None:
-        add_float_matrix([self.columns[split][name] for name in names], matrix)
+            train, eval_ = self.columns["train"][name], self.columns["eval"][name]
+            if isinstance(train, NumericAccumulator):
+                add_numeric_splits(train, eval_, values, split)
+            elif isinstance(split, int):
+                (eval_ if split else train).add(values)
+            else:
+                if not arrow_rows:
+                    arrow_rows = {"eval": pa.array(to_eval), "train": pa.array(~to_eval)}
+                eval_.add(values.filter(arrow_rows["eval"]))
+                train.add(values.filter(arrow_rows["train"]))
+        self.num_rows["eval"] += num_eval
+        self.num_rows["train"] += num_rows - num_eval
 
     def result(self, label: str, imputation: dict[str, Imputation] | None = None) -> DatasetStatistics:
         self.wait()

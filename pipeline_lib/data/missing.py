@@ -1,5 +1,7 @@
 """Missing feature values during conversion: impute (written as NaN, MISSING_INT64 or ""), skip or fail, by column.
 
+A value is missing when its cell is empty or null in the source, a string is empty, or a float is already NaN
+in the source (a Parquet, NPZ or JSONL column): all of them go through the same `data.missing` settings.
 Imputation itself happens inside the model (`training.preprocessing`), from the train split's statistics: so
 conversion needs no second pass, and a served model fills in a missing value the same way training did. Here a
 missing value is only written in a form the statistics count as missing and the model recognises. A missing
@@ -49,6 +51,9 @@ def _missing_mask(column: Column, ctype: ColumnType, num_rows: int) -> np.ndarra
     if ctype.dtype == DType.STRING and isinstance(column.values, pa.Array):
         empty = pc.fill_null(pc.equal(pc.binary_length(column.values), 0), True)
         mask |= empty.to_numpy(zero_copy_only=False)
+    elif ctype.dtype == DType.FLOAT32 and num_rows and np.isnan(column.values.min()):
+        # NaN already in the source; min() propagates NaN, so columns without one cost one pass, no mask.
+        mask |= np.isnan(column.values)
     return mask
 
 
@@ -65,9 +70,10 @@ def _fill(column: Column, ctype: ColumnType, mask: np.ndarray) -> Column:
 
 
 def _mark(column: Column, mask: np.ndarray) -> None:
-    for row in np.flatnonzero(mask & ~column.bad).tolist():  # empty strings: not bad until now
+    for row in np.flatnonzero(mask & ~column.bad).tolist():  # empty strings and NaN: not bad until now
         column.bad[row] = True
-        column.reasons[row] = ("", MISSING_REASON)
+        value = column.values[row]
+        column.reasons[row] = (float(value) if isinstance(value, np.floating) else "", MISSING_REASON)
 
 
 def apply_missing(data: DataConfig, types: dict[str, ColumnType], columns: dict[str, Column],

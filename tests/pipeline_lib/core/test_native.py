@@ -11,9 +11,11 @@ import pytest
 
 from pipeline_lib.config import DataConfig
 from pipeline_lib.core import native
+from pipeline_lib.data.accumulators import NumericAccumulator, add_numeric_splits
 from pipeline_lib.data.convert import convert
 from pipeline_lib.data.framing import encode_tfrecords
 from pipeline_lib.data.split import split_hash
+from pipeline_lib.data.statistics import MISSING_INT64
 from pipeline_lib.data.tfrecord_writer import TFRecordFileWriter
 from tests.pipeline_lib.data.encoding_support import columns_of_every_dtype
 
@@ -103,6 +105,61 @@ def test_native_split_hash_equals_the_numpy_loop(built, monkeypatch):
     _pure_python(monkeypatch)
     assert np.array_equal(with_native, split_hash(values, seed=11))
     assert not np.array_equal(with_native, split_hash(values, seed=12))
+
+
+def _numeric_columns(num_rows: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(num_rows)
+    floats = (rng.normal(size=num_rows) * 10.0 ** rng.integers(-3, 4, size=num_rows)).astype(np.float32)
+    floats[rng.random(num_rows) < 0.1] = np.nan
+    ints = rng.integers(-10**12, 10**12, size=num_rows)
+    ints[rng.random(num_rows) < 0.1] = MISSING_INT64
+    vectors = rng.normal(size=(num_rows, 3)).astype(np.float32)
+    vectors[rng.random((num_rows, 3)) < 0.05] = np.nan
+    return {"floats": floats, "ints": ints, "vectors": vectors, "no_values": np.full(num_rows, np.nan, np.float32)}
+
+
+@pytest.mark.parametrize("split_kind", ["rows", "all_train", "all_eval"])
+@pytest.mark.parametrize("num_rows", [1, 37, 9000])
+def test_native_numeric_statistics_equal_the_numpy_path_and_numpy_itself(built, monkeypatch, split_kind,
+                                                                        num_rows):
+    to_eval = np.random.default_rng(1).random(num_rows) < 0.3
+    split = {"rows": to_eval, "all_train": 0, "all_eval": 1}[split_kind]
+    rows = {"rows": to_eval, "all_train": np.zeros(num_rows, bool), "all_eval": np.ones(num_rows, bool)}[split_kind]
+    results = []
+    for use_native in (True, False):
+        if not use_native:
+            _pure_python(monkeypatch)
+        accumulators = {}
+        for name, values in _numeric_columns(num_rows).items():
+            train, eval_ = NumericAccumulator(), NumericAccumulator()
+            for chunk in (slice(0, num_rows // 2), slice(num_rows // 2, num_rows)):  # two chunks, merged
+                add_numeric_splits(train, eval_, values[chunk], split if isinstance(split, int) else split[chunk])
+            accumulators[name] = (train.result(), eval_.result())
+        results.append(accumulators)
+    fast, slow = results
+    for name, values in _numeric_columns(num_rows).items():
+        for which, is_eval in ((0, False), (1, True)):
+            a, b = fast[name][which], slow[name][which]
+            assert (a.count, a.missing, a.min, a.max, a.sketch) == (b.count, b.missing, b.min, b.max, b.sketch), name
+            chosen = values[rows == is_eval].reshape(-1)
+            missing = np.isnan(chosen) if chosen.dtype.kind == "f" else chosen == MISSING_INT64
+            present = chosen[~missing].astype(np.float64)
+            assert (a.count, a.missing) == (len(present), int(missing.sum())), name
+            if len(present):
+                assert (a.min, a.max) == (present.min(), present.max())
+                assert a.mean == pytest.approx(present.mean(), rel=1e-12, abs=1e-12)
+                assert a.variance == pytest.approx(present.var(), rel=1e-9, abs=1e-12)
+                assert b.variance == pytest.approx(present.var(), rel=1e-9, abs=1e-12)
+
+
+def test_native_numeric_statistics_reject_what_they_cannot_read(built):
+    keys = np.zeros(1 << 14, dtype=np.int64)
+    with pytest.raises(TypeError, match="float32 or int64"):
+        built.numeric_statistics(np.zeros(4, dtype=np.float64), 0, keys, keys.copy(), 18)
+    with pytest.raises(ValueError, match="do not make 3 rows"):
+        built.numeric_statistics(np.zeros(4, dtype=np.float32), np.zeros(3, bool), keys, keys.copy(), 18)
+    with pytest.raises(ValueError, match="16384 entries"):
+        built.numeric_statistics(np.zeros(4, dtype=np.float32), 0, keys[:10], keys.copy(), 18)
 
 
 def test_conversion_writes_identical_shards_with_and_without_the_extension(built, tmp_path, monkeypatch):

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline_lib.config import ConfigError, DataConfig, parse_config
@@ -10,6 +14,7 @@ from pipeline_lib.data.convert import convert
 from pipeline_lib.data.errors import ConversionError
 from pipeline_lib.data.statistics import MISSING_INT64, load_statistics
 from pipeline_lib.training import input_pipeline
+from pipeline_lib.training.preprocessing import Impute, numeric_constants
 from tests.pipeline_lib.data.conversion_support import read_all
 
 ROWS = ["id,count,size,color,y",
@@ -94,3 +99,101 @@ def test_a_missing_label_in_a_row_skipped_for_a_missing_feature_still_fails(tmp_
     manifest = convert(DataConfig(source=str(path), label="y", missing="skip", on_bad_record="skip"),
                        str(tmp_path / "skip"))
     assert manifest.num_bad_records == 1
+
+
+# --- NaN already in the source: missing, like an empty CSV cell ------------------------------------------------
+
+NUM_NAN_ROWS = 600
+
+
+def _columns_with_nan(float_label: bool = False) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(4)
+    a = rng.normal(5.0, 2.0, size=NUM_NAN_ROWS).astype(np.float32)
+    a[10:][rng.random(NUM_NAN_ROWS - 10) < 0.1] = np.nan
+    b = rng.uniform(0.0, 1000.0, size=NUM_NAN_ROWS).astype(np.float32)
+    b[[3, 17]] = np.nan  # row 4 (1-based) holds the first NaN of the file
+    y = rng.integers(0, 2, size=NUM_NAN_ROWS)
+    label = y.astype(np.float32) if float_label else y
+    if float_label:
+        label[[5, 9]] = np.nan
+    return {"id": np.arange(NUM_NAN_ROWS), "a": a, "b": b, "y": label}
+
+
+def _write_source(tmp_path, fmt: str, columns: dict[str, np.ndarray]) -> str:
+    path = tmp_path / f"holes.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(pa.table(columns), path)
+    elif fmt == "npz":
+        np.savez(path, **columns)
+    else:  # JSON lines: Python's json writes a float NaN as NaN, and reads it back so
+        rows = [{k: v[i].item() for k, v in columns.items()} for i in range(NUM_NAN_ROWS)]
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "npz", "jsonl"])
+def test_nan_in_the_source_is_missing_counted_and_imputed_with_the_train_mean(tmp_path, fmt):
+    columns = _columns_with_nan()
+    source = _write_source(tmp_path, fmt, columns)
+    manifest = convert(DataConfig(source=source, label="y", read_chunk_rows=128, missing_indicator=True),
+                       str(tmp_path / "out"))
+    assert manifest.num_bad_records == 0
+    assert manifest.num_records("train") + manifest.num_records("eval") == NUM_NAN_ROWS
+    statistics = load_statistics(manifest)
+    written = {split: read_all(manifest, split) for split in ("train", "eval")}
+    for name in ("a", "b"):
+        for split, rows in written.items():
+            numeric = statistics.feature(name, split).numeric
+            assert numeric.missing == int(np.isnan(rows[name]).sum()), (name, split)
+            assert numeric.count == int((~np.isnan(rows[name])).sum())
+        # The written tf.train.Examples hold NaN (the missing form) in exactly the source's NaN cells.
+        ids = np.concatenate([rows["id"][np.isnan(rows[name])] for rows in written.values()])
+        assert sorted(ids.tolist()) == np.flatnonzero(np.isnan(columns[name])).tolist()
+        train_mean = np.nanmean(written["train"][name].astype(np.float64))
+        assert statistics.imputation[name].fill_value == pytest.approx(train_mean, rel=1e-9)
+        assert statistics.imputation[name].indicator
+    # The model's imputation, built from these statistics, fills each of them with the train mean.
+    specs = input_pipeline.numeric_features(manifest.feature_schema)
+    fills = numeric_constants(manifest.feature_schema, statistics)[0]
+    train = written["train"]
+    x = np.stack([train[spec.name].astype(np.float32) for spec in specs], axis=1)
+    imputed = np.asarray(Impute(fills)(x))
+    for j, spec in enumerate(specs):
+        holes = np.isnan(x[:, j])
+        if spec.name in ("a", "b"):
+            assert holes.any()
+            assert np.allclose(imputed[holes, j], np.nanmean(x[:, j].astype(np.float64)), rtol=1e-6)
+        assert np.array_equal(imputed[~holes, j], x[~holes, j])
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "npz", "jsonl"])
+def test_nan_in_the_source_fails_or_is_skipped_as_data_missing_says(tmp_path, fmt):
+    source = _write_source(tmp_path, fmt, _columns_with_nan())
+    with pytest.raises(ConversionError) as error:
+        convert(DataConfig(source=source, label="y", missing="fail"), str(tmp_path / "fail"))
+    message = str(error.value)
+    unit = "line" if fmt == "jsonl" else "row"
+    assert f"holes.{fmt} {unit} 4, column 'b': value nan is missing" in message and "data.missing" in message
+    manifest = convert(DataConfig(source=source, label="y", missing_columns={"b": {"missing": "skip"}}),
+                       str(tmp_path / "skip"))
+    assert manifest.num_bad_records == 2
+    kept = np.concatenate([read_all(manifest, split)["id"] for split in ("train", "eval")])
+    assert sorted(set(range(NUM_NAN_ROWS)) - set(kept.tolist())) == [3, 17]
+    statistics = load_statistics(manifest)
+    assert sum(statistics.feature("b", split).missing for split in ("train", "eval")) == 0
+    kept_a = np.delete(_columns_with_nan()["a"], [3, 17])  # a's NaN in the other rows: imputed (the default)
+    assert sum(statistics.feature("a", split).missing for split in ("train", "eval")) == int(np.isnan(kept_a).sum())
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "npz"])
+def test_a_nan_label_is_never_imputed(tmp_path, fmt):
+    source = _write_source(tmp_path, fmt, _columns_with_nan(float_label=True))
+    with pytest.raises(ConversionError, match=rf"holes.{fmt} row 6, column 'y': value nan is missing"):
+        convert(DataConfig(source=source, label="y"), str(tmp_path / "fail"))
+    manifest = convert(DataConfig(source=source, label="y", on_bad_record="skip"), str(tmp_path / "skip"))
+    assert manifest.num_bad_records == 2
+    labels = np.concatenate([read_all(manifest, split)["y"] for split in ("train", "eval")])
+    assert len(labels) == NUM_NAN_ROWS - 2 and not np.isnan(labels).any()
+    statistics = load_statistics(manifest)
+    assert "y" not in statistics.imputation
+    assert sum(statistics.feature("y", split).missing for split in ("train", "eval")) == 0
