@@ -9,7 +9,7 @@ TFDAG_FAULT hooks alone. tests/ray/test_ray_fault_matrix.py runs every case agai
 
 Each case trains 2 workers × 16 examples on 512 rows (16 steps an epoch) for 30 steps, a checkpoint every 10,
 with `hang_timeout_s` 5: stepping may be silent 5 s, saving and finishing 15 s; starting 125 s, which the one
-starting-hang case shortens for itself (the supervisor's STARTUP_ALLOWANCE_S, monkeypatched to 10 s here). One case
+starting-hang case shortens for itself (the supervisor's STARTUP_ALLOWANCE_S, monkeypatched to 20 s here). One case
 runs the issue's own setting, `hang_timeout_s` 20 with a 25 s finish, while busy loops hold every core.
 """
 
@@ -66,7 +66,7 @@ class Harness:
     MARKER_ENV = "TFDAG_FAULT_MATRIX_RUN"
     # The starting allowance the starting-hang case uses in place of the production 120 s: enough for a task of this
     # launcher to import TensorFlow and restore on a busy 2-core machine.
-    startup_allowance_s = 10.0
+    startup_allowance_s = 20.0
 
     def __init__(self, root: str):
         self.root = root
