@@ -65,6 +65,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     path = args.config or _default_config()
     check_inputs(_load(path))
     from flows.pipeline import training_pipeline
+    from flows.prefect_api import api_from_profile
+
+    print(f"tfdag | Prefect: {api_from_profile(args.prefect_api).describe()}", flush=True)
 
     _hide_user_error_tracebacks(args.verbose)
     summary = training_pipeline(path)
@@ -338,6 +341,11 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline_lib.core.quiet import quiet_python_loggers
 
     quiet_python_loggers()
+    if args.command == "run":  # the one command that runs a flow
+        from flows.prefect_api import choose_prefect_api
+
+        # Before anything imports Prefect: its settings are read at import.
+        args.prefect_api = choose_prefect_api()
     if args.command != "stack":  # every other command loads TensorFlow: load it now, its start-up lines held back
         from pipeline_lib.core.quiet import import_tensorflow
 
