@@ -1,18 +1,25 @@
 """`make bench`: run every benchmark, print a table of ratios and write bench/results.json.
 
-Each case is {"name", "value", "baseline", "ratio", "target", "met"}: value and baseline measured in this run,
-ratio = value / baseline (higher is better unless the case says otherwise), met = ratio against target.
+results.json is this run alone, written whole: the git commit, the date, the machine (cores, memory, load average
+at start and end) and the cases (bench/__init__.py: `case`, `budget`, `not_run`). A suite that fails is recorded
+as not run, with the error. `python -m bench.table` prints the README's table from it.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib
 import json
 import os
+import platform
+import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
+
+from bench import not_run
 
 SUITES = {
     "conversion": "bench.bench_conversion",
@@ -26,12 +33,40 @@ RESULTS = Path(__file__).resolve().parent / "results.json"
 
 
 def print_table(cases: list[dict]) -> None:
-    header = f"{'case':<52} {'value':>14} {'baseline':>14} {'ratio':>8} {'target':>8}  met"
+    header = f"{'case':<64} {'value':>12} {'baseline':>12} {'ratio':>7} {'target':>7}  met"
     print(header)
     print("-" * len(header))
     for c in cases:
-        print(f"{c['name']:<52} {c['value']:>14.4g} {c['baseline']:>14.4g} {c['ratio']:>8.2f} "
-              f"{c['target']:>8.2f}  {'yes' if c['met'] else 'NO'}")
+        if c.get("status") == "not run":
+            print(f"{c['name']:<64} not run: {c['reason']}")
+        elif c.get("kind") == "budget":
+            print(f"{c['name']:<64} {c['value']:>12.4g} {'(budget)':>12} {'':>7} {c['target']:>7.2f}  "
+                  f"{'yes' if c['met'] else 'NO'}")
+        else:
+            print(f"{c['name']:<64} {c['value']:>12.4g} {c['baseline']:>12.4g} {c['ratio']:>7.2f} "
+                  f"{c['target']:>7.2f}  {'yes' if c['met'] else 'NO'}")
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=RESULTS.parent.parent, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def machine() -> dict:
+    """Cores, memory and CPU of this machine (the load average is added at the start and the end of the run)."""
+    import psutil
+
+    model = ""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as handle:
+            model = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), "")
+    return {"cpu_count": os.cpu_count(),
+            "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "cpu_model": model, "memory_gb": round(psutil.virtual_memory().total / 1e9, 1),
+            "platform": platform.platform(), "python": platform.python_version()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,21 +80,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+    run_info = {"commit": _git("rev-parse", "HEAD"), "uncommitted_changes": bool(_git("status", "--porcelain")),
+                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
+                "quick": args.quick, "machine": machine(), "load_average_start": list(os.getloadavg())}
     cases: list[dict] = []
+    suite_seconds: dict[str, float] = {}
     for name in args.suites:
-        module = importlib.import_module(SUITES[name])
         start = time.perf_counter()
         print(f"\n=== {name} ===", flush=True)
         sizes = {key: value for key, value in (("rows", args.rows), ("width", args.width)) if value is not None}
-        got = module.run(quick=args.quick, **sizes)
-        cases += got
-        print(f"({name}: {time.perf_counter() - start:.1f}s)")
+        try:
+            cases += importlib.import_module(SUITES[name]).run(quick=args.quick, **sizes)
+        except Exception as error:  # noqa: BLE001  (one suite's failure is recorded; the others still run)
+            traceback.print_exc()
+            cases.append(not_run(f"{name} suite", f"failed: {type(error).__name__}: {' '.join(str(error).split())}"))
+        suite_seconds[name] = round(time.perf_counter() - start, 1)
+        print(f"({name}: {suite_seconds[name]:.1f}s)")
     print()
     print_table(cases)
-    previous = json.loads(RESULTS.read_text()).get("cases", []) if RESULTS.exists() else []
-    names = {c["name"] for c in cases}
-    merged = [c for c in previous if c["name"] not in names] + cases
-    RESULTS.write_text(json.dumps({"cases": merged}, indent=2) + "\n")
+    run_info.update(load_average_end=list(os.getloadavg()), suite_seconds=suite_seconds, cases=cases)
+    RESULTS.write_text(json.dumps(run_info, indent=2) + "\n")  # this run alone: nothing of earlier runs is kept
     print(f"\nwrote {RESULTS}")
     return 0
 
