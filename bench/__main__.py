@@ -28,6 +28,7 @@ SUITES = {
     "training": "bench.bench_training",
     "orchestration": "bench.bench_orchestration",
     "ray": "bench.bench_ray",
+    "scale": "bench.bench_scale",
 }
 RESULTS = Path(__file__).resolve().parent / "results.json"
 
@@ -73,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("suites", nargs="*", default=list(SUITES), help=f"which suites (default all): {list(SUITES)}")
     parser.add_argument("--rows", type=int, default=None,
-                        help="generated rows for the conversion and input cases (default: each suite's own, "
-                             "2,000,000 for conversion and 1,000,000 for input)")
+                        help="generated rows for the conversion, input and scale cases (default: each suite's own, "
+                             "2,000,000 for conversion, 1,000,000 for input, 10,000,000 for scale)")
     parser.add_argument("--width", type=int, default=None, help="float columns per generated row (default 32)")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """One worker of the multi-worker baseline: Keras 2 (`tf_keras`) `model.fit` under MultiWorkerMirroredStrategy.
 
 Run as a script with TF_USE_LEGACY_KERAS=1 and a TF_CONFIG by `bench_training`: the same MLP as tfdag's `mlp`
-(raw inputs concatenated, Dense layers, logits), the same TFRecords read by the same `create_dataset`, at the same
+(the numeric inputs, Dense layers, logits), the same TFRecords read by the same `create_dataset`, at the same
 global batch and steps per execution; every worker prints `RESULT {times}` with the clock after each execution.
 What Ray Train and Kubeflow's TFJob fall back to for multi-worker Keras today.
 """
@@ -27,10 +27,10 @@ def main() -> int:
     names = [spec.name for spec in manifest.feature_schema.features]
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     keras = tf.keras
-    assert keras.__version__.startswith("2."), f"tf.keras is Keras {keras.__version__}, not tf_keras"
+    assert keras.__name__.startswith("tf_keras"), f"tf.keras is {keras.__name__}, not tf_keras"
 
     def features(inputs, labels):
-        return tf.concat([tf.reshape(tf.cast(inputs[n], tf.float32), [-1, 1]) for n in names], axis=1), labels
+        return inputs["numeric"], labels  # the float features side by side, as tfdag's MLP takes them
 
     # The global batch, as Keras 2 wants it: fit shards the data between the workers (auto_shard_policy DATA,
     # as tfdag's plan does with policy "data") and splits each batch between the replicas.

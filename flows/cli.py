@@ -65,9 +65,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     path = args.config or _default_config()
     check_inputs(_load(path))
     from flows.pipeline import training_pipeline
-    from flows.prefect_api import api_from_profile
+    from flows.prefect_api import api_from_profile, choose_prefect_api
 
-    print(f"tfdag | Prefect: {api_from_profile(args.prefect_api).describe()}", flush=True)
+    chosen = getattr(args, "prefect_api", None) or choose_prefect_api()  # main() chose it before Prefect's import
+    print(f"tfdag | Prefect: {api_from_profile(chosen).describe()}", flush=True)
 
     _hide_user_error_tracebacks(args.verbose)
     summary = training_pipeline(path)
