@@ -15,6 +15,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -70,6 +71,28 @@ def machine() -> dict:
             "platform": platform.platform(), "python": platform.python_version()}
 
 
+def _run_suite(name: str, quick: bool, sizes: dict[str, int]) -> list[dict]:
+    """The suite's cases, or one not-run case naming the error it failed with."""
+    try:
+        return importlib.import_module(SUITES[name]).run(quick=quick, **sizes)
+    except Exception as error:  # noqa: BLE001  (one suite's failure is recorded; the others still run)
+        traceback.print_exc()
+        return [not_run(f"{name} suite", f"failed: {type(error).__name__}: {' '.join(str(error).split())}")]
+
+
+def _run_suite_in_its_own_process(name: str, quick: bool, sizes: dict[str, int]) -> list[dict]:
+    """The suite run by a fresh `python -m bench`: no suite inherits another's TensorFlow state, threads or memory
+    (the ray suite configures TensorFlow's devices, which a process can do only before it first uses them)."""
+    with tempfile.TemporaryDirectory() as directory:
+        out = Path(directory, "cases.json")
+        command = [sys.executable, "-m", "bench", name, "--cases-to", str(out), *(["--quick"] if quick else []),
+                   *(f"--{key}={value}" for key, value in sizes.items())]
+        done = subprocess.run(command, cwd=RESULTS.parent.parent, check=False)
+        if done.returncode != 0 or not out.exists():
+            return [not_run(f"{name} suite", f"its process exited with {done.returncode} (output above)")]
+        return json.loads(out.read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("suites", nargs="*", default=list(SUITES), help=f"which suites (default all): {list(SUITES)}")
@@ -78,8 +101,16 @@ def main(argv: list[str] | None = None) -> int:
                              "2,000,000 for conversion, 1,000,000 for input, 10,000,000 for scale)")
     parser.add_argument("--width", type=int, default=None, help="float columns per generated row (default 32)")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the suites in this process instead of one fresh process each")
+    parser.add_argument("--cases-to", type=Path, default=None, help=argparse.SUPPRESS)  # a suite's own process
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sizes = {key: value for key, value in (("rows", args.rows), ("width", args.width)) if value is not None}
+    if args.cases_to is not None:
+        args.cases_to.write_text(json.dumps([case for name in args.suites
+                                             for case in _run_suite(name, args.quick, sizes)]))
+        return 0
 
     run_info = {"commit": _git("rev-parse", "HEAD"), "uncommitted_changes": bool(_git("status", "--porcelain")),
                 "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -90,12 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.suites:
         start = time.perf_counter()
         print(f"\n=== {name} ===", flush=True)
-        sizes = {key: value for key, value in (("rows", args.rows), ("width", args.width)) if value is not None}
-        try:
-            cases += importlib.import_module(SUITES[name]).run(quick=args.quick, **sizes)
-        except Exception as error:  # noqa: BLE001  (one suite's failure is recorded; the others still run)
-            traceback.print_exc()
-            cases.append(not_run(f"{name} suite", f"failed: {type(error).__name__}: {' '.join(str(error).split())}"))
+        if args.in_process:
+            cases += _run_suite(name, args.quick, sizes)
+        else:
+            cases += _run_suite_in_its_own_process(name, args.quick, sizes)
         suite_seconds[name] = round(time.perf_counter() - start, 1)
         print(f"({name}: {suite_seconds[name]:.1f}s)")
     print()

@@ -15,6 +15,7 @@ the same round (≤ 5 s). Where the demo's time goes is printed from its task ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -26,17 +27,6 @@ import time
 from bench import budget
 
 DEMO_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "digits.yaml")
-
-
-def _demo_config(project: str):
-    """examples/digits.yaml with its ./.tfdag paths under `project`, as `tfdag run` sees them from there."""
-    import yaml
-
-    from pipeline_lib.config import parse_config
-
-    with open(DEMO_CONFIG) as handle:
-        text = handle.read()
-    return parse_config(yaml.safe_load(text.replace("./.tfdag", os.path.join(project, ".tfdag"))))
 
 
 def _run_demo(project: str, api_url: str) -> tuple[float, dict, float]:
@@ -81,6 +71,7 @@ def run(rows: int = 0, width: int = 0, quick: bool = False, repeats: int = 5) ->
     from pathlib import Path
 
     from flows import stack
+    from pipeline_lib.config import load_config
     from pipeline_lib.core import net, runs
     from pipeline_lib.data.convert import convert
     from pipeline_lib.launch.spec import RESULT_NAME
@@ -97,16 +88,20 @@ def run(rows: int = 0, width: int = 0, quick: bool = False, repeats: int = 5) ->
         os.environ["PREFECT_API_URL"] = api_url  # for the breakdown's client, before Prefect is imported
         try:
             warm_s, _, _ = _run_demo(project, api_url)
-            config = _demo_config(project)
-            manifest = convert(config.data, config.output_root)  # the warm-up's conversion, reused
+            config = load_config(DEMO_CONFIG)
+            # The config's paths (./.tfdag/...) and the manifest's are relative: the direct runs see them from
+            # the project directory, as `tfdag run` does.
+            with contextlib.chdir(project):
+                manifest = convert(config.data, config.output_root)  # the warm-up's conversion, reused
 
             def direct(index: int) -> float:
                 plan = sharding.plan_shards(
                     manifest, num_workers=1, replicas_per_worker=strategy.replicas_per_worker(config.train),
                     per_replica_batch_size=config.train.per_replica_batch_size, epochs=config.train.epochs,
                     steps=config.train.steps)
-                seconds, _ = _timed(training.train, config, manifest, plan,
-                                    runs.run_dir_for(config.output_root, f"direct-{index}"))
+                with contextlib.chdir(project):
+                    seconds, _ = _timed(training.train, config, manifest, plan,
+                                        runs.run_dir_for(config.output_root, f"direct-{index}"))
                 return seconds
 
             direct_s: list[float] = []
@@ -115,7 +110,7 @@ def run(rows: int = 0, width: int = 0, quick: bool = False, repeats: int = 5) ->
             for index in range(repeats):
                 direct_s.append(direct(index))
                 seconds, summary, started = _run_demo(project, api_url)
-                result = TrainResult.model_validate_json(Path(summary["run_dir"], RESULT_NAME).read_text())
+                result = TrainResult.model_validate_json(Path(project, summary["run_dir"], RESULT_NAME).read_text())
                 demo_s.append(seconds)
                 inside_s.append(result.wall_s)
                 print(f"  round {index + 1}: direct train() {direct_s[-1]:.1f}s | tfdag run {seconds:.1f}s, its "

@@ -48,6 +48,7 @@ def _input_at(num_shards: int, rows: int, width: int, directory: str) -> float:
     from pipeline_lib.training import input_pipeline
 
     names = [f"part-{i:05d}.tfrecord" for i in range(num_shards)]
+    os.makedirs(directory, exist_ok=True)
     layout = _write_records([os.path.join(directory, n) for n in names], rows, width)
     manifest = _manifest(directory, names, width, rows, layout)
     return drain(input_pipeline.create_dataset(manifest, "train", 256), lambda e: e[1])[0]

@@ -51,8 +51,8 @@ def test_results_json_is_one_run_and_a_failed_suite_is_not_run(tmp_path, monkeyp
         "two": _suite("two", lambda **_: [bench.case("second", 1.0, 2.0, 1.0)]),
         "broken": _suite("broken", broken),
     })
-    assert bench_main.main(["one", "--quick"]) == 0
-    assert bench_main.main(["two", "broken", "--quick"]) == 0
+    assert bench_main.main(["one", "--quick", "--in-process"]) == 0
+    assert bench_main.main(["two", "broken", "--quick", "--in-process"]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     assert [c["name"] for c in results["cases"]] == ["second", "broken suite"]  # nothing of the first run
     assert results["cases"][1]["status"] == "not run" and "no server" in results["cases"][1]["reason"]
