@@ -34,19 +34,30 @@ def _write_records(paths: list[str], rows: int, width: int, num_classes: int = 1
     rng = np.random.default_rng(0)
     layouts = set()
     per_file = -(-rows // len(paths))
-    for index, path in enumerate(paths):
-        writer = TFRecordFileWriter(path)
-        try:
-            first, last = index * per_file, min(rows, (index + 1) * per_file)
-            for start in range(first, last, 65536):
-                n = min(65536, last - start)
-                x = rng.standard_normal((n, width)).astype(np.float32)
-                columns = {f"f{j}": np.ascontiguousarray(x[:, j]) for j in range(width)}
-                columns["label"] = rng.integers(0, num_classes, size=n)
-                layouts.add(record_layout(columns))
-                writer.write(encode_tfrecords(columns))
-        finally:
-            writer.close()
+    index, writer = 0, TFRecordFileWriter(paths[0])
+    try:
+        # Chunks of 65536 rows, each encoded once and cut at the files' row boundaries: thousands of small
+        # files cost no more encoding than one.
+        for start in range(0, rows, 65536):
+            n = min(65536, rows - start)
+            x = rng.standard_normal((n, width)).astype(np.float32)
+            columns = {f"f{j}": np.ascontiguousarray(x[:, j]) for j in range(width)}
+            columns["label"] = rng.integers(0, num_classes, size=n)
+            layouts.add(record_layout(columns))
+            batch = encode_tfrecords(columns)
+            done = 0
+            while done < n:
+                take = min(n - done, (index + 1) * per_file - (start + done))
+                writer.write(batch, done, done + take)
+                done += take
+                if start + done == (index + 1) * per_file and index + 1 < len(paths):
+                    writer.close()
+                    index += 1
+                    writer = TFRecordFileWriter(paths[index])
+    finally:
+        writer.close()
+    for path in paths[index + 1:]:  # more files than rows: the rest are empty
+        TFRecordFileWriter(path).close()
     return next(iter(layouts)) if len(layouts) == 1 else None
 
 
@@ -62,7 +73,7 @@ def _manifest(directory: str, names: list[str], width: int, rows: int, layout, n
     schema = Schema(features=tuple(FeatureSpec(name=f"f{j}", dtype="float32") for j in range(width)),
                     label=FeatureSpec(name="label", dtype="int64"), num_classes=num_classes)
     per_file = -(-rows // len(names))
-    shards = tuple(ShardInfo(split="train", path=name, num_records=min(per_file, rows - i * per_file),
+    shards = tuple(ShardInfo(split="train", path=name, num_records=max(0, min(per_file, rows - i * per_file)),
                              num_bytes=os.path.getsize(os.path.join(directory, name)), sha256="0" * 64)
                    for i, name in enumerate(names))
     return Manifest(fingerprint="bench", dataset_uri=directory, feature_schema=schema, shards=shards,
