@@ -40,12 +40,12 @@ def _row(case: dict) -> str:
     unit = f" {case['unit']}" if case.get("unit") else ""
     tfdag = _with_spread(case["value"], case.get("value_spread")) + unit
     if case.get("kind") == "budget":
-        return (f"| {name} | {tfdag} | budget | | ≤ {_number(case['target'])} s | "
+        return (f"| {name} | {tfdag} | budget | | ≤ {case['target']:.3g} s | "
                 f"{'yes' if case['met'] else 'no'} | {case.get('bound', '')} |")
     baseline = case.get("baseline_name") or "baseline"
     base = f"{baseline}: {_with_spread(case['baseline'], case.get('baseline_spread'))}{unit}"
     better = "" if case.get("higher_is_better", True) else " (lower is better)"
-    return (f"| {name} | {tfdag} | {base} | {case['ratio']:.2f}{better} | ≥ {case['target']:g} | "
+    return (f"| {name} | {tfdag} | {base} | {case['ratio']:.2f}{better} | ≥ {case['target']:.3g} | "
             f"{'yes' if case['met'] else 'no'} | {case.get('bound', '')} |")
 
 
