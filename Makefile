@@ -6,10 +6,13 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test bench install clean stack-up stack-down
 
-$(STAMP): pyproject.toml pipeline_lib/core/_native.c pipeline_lib/core/_native_statistics.c
+# constraints.txt pins every package to the versions the tests last passed with (regenerate it with
+# `$(BIN)/python .ci/constraints.py > constraints.txt` after changing pyproject.toml), so two fresh machines match.
+$(STAMP): pyproject.toml constraints.txt pipeline_lib/core/_native.c pipeline_lib/core/_native_statistics.c
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt --upgrade setuptools wheel
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,11 +1,11 @@
-"""Planning at scale: a ShardPlan for 100k files and 64 workers (printed, not asserted)."""
+"""Planning at scale: a ShardPlan for 100k files over 64 workers, a budget (< 1 s), and at 10,000 shards."""
 
 from __future__ import annotations
 
 import random
 import time
 
-from bench import case
+from bench import budget
 from pipeline_lib.data.manifest import (
     FeatureSpec,
     Manifest,
@@ -29,13 +29,16 @@ def synthetic_manifest(num_files: int, seed: int = 0) -> Manifest:
                     source=SourceFingerprint(files=(), sha256="0"))
 
 
-def run(rows: int = 0, width: int = 0, quick: bool = False) -> list[dict]:
+def run(rows: int = 0, width: int = 0, quick: bool = False, repeats: int = 5) -> list[dict]:
     num_files = 10_000 if quick else 100_000
     manifest = synthetic_manifest(num_files)
-    start = time.perf_counter()
-    plan = plan_shards(manifest, num_workers=64, replicas_per_worker=1, per_replica_batch_size=32, epochs=1)
-    elapsed = time.perf_counter() - start
-    print(f"planning: {num_files} files over 64 workers in {elapsed:.3f}s "
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        plan = plan_shards(manifest, num_workers=64, replicas_per_worker=1, per_replica_batch_size=32, epochs=1)
+        seconds.append(time.perf_counter() - start)
+    print(f"planning: {num_files} files over 64 workers in {min(seconds):.3f}-{max(seconds):.3f}s over {repeats} runs "
           f"(policy {plan.policy.value}, imbalance {plan.imbalance_ratio:.4f}, steps/epoch {plan.steps_per_epoch})")
-    # Target: under one second. Expressed as a ratio of the 1 s budget to the time taken (≥ 1 means met).
-    return [case(f"plan {num_files} files x 64 workers (s, budget 1s)", elapsed, 1.0, 1.0, higher_is_better=False)]
+    return [budget(f"plan {num_files} files over 64 workers (s)", seconds, 1.0,
+                   bound="a budget, not a comparison: pure Python over the manifest's shard list, which grows with the "
+                         "number of files.")]

@@ -118,4 +118,6 @@ def run(quick: bool = False, **_sizes) -> list[dict]:
         summary[launcher] = statistics.median(rates)
         print(f"{launcher:5s} median {statistics.median(rates):.1f} steps/s (spread {max(rates) - min(rates):.1f}), "
               f"start-up median {statistics.median(startups):.1f} s (spread {max(startups) - min(startups):.1f})")
-    return [case("ray launcher steps/s vs local (2-worker MWMS)", summary["ray"], summary["local"], 0.95)]
+    return [case("ray launcher steps/s vs local (2-worker MWMS)", summary["ray"], summary["local"], 0.95,
+                 baseline_name="the local launcher, same 2 workers",
+                 bound="the Ray cluster's own processes (raylets, agents, dashboard) sharing the cores with the workers.")]

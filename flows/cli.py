@@ -65,6 +65,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     path = args.config or _default_config()
     check_inputs(_load(path))
     from flows.pipeline import training_pipeline
+    from flows.prefect_api import api_from_profile, choose_prefect_api
+
+    chosen = getattr(args, "prefect_api", None) or choose_prefect_api()  # main() chose it before Prefect's import
+    print(f"tfdag | Prefect: {api_from_profile(chosen).describe()}", flush=True)
 
     _hide_user_error_tracebacks(args.verbose)
     from flows import console
@@ -331,6 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline_lib.core.quiet import quiet_python_loggers
 
     quiet_python_loggers()
+    if args.command == "run":  # the one command that runs a flow
+        from flows.prefect_api import choose_prefect_api
+
+        # Before anything imports Prefect: its settings are read at import.
+        args.prefect_api = choose_prefect_api()
     if args.command != "stack":  # every other command loads TensorFlow: load it now, its start-up lines held back
         from pipeline_lib.core.quiet import import_tensorflow
 

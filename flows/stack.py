@@ -239,6 +239,11 @@ def _http_ok(url: str, expect: Callable[[bytes], bool] | None = None, timeout_s:
         return False
 
 
+def prefect_server_answers(api_url: str) -> bool:
+    """Whether the Prefect API at `api_url` (ending in /api) answers its health check."""
+    return _http_ok(f"{api_url}/health")
+
+
 def _tail(path: str | os.PathLike[str], num_chars: int = 3000) -> str:
     with contextlib.suppress(OSError):
         return Path(path).read_text(errors="replace")[-num_chars:]

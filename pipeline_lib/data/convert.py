@@ -151,7 +151,8 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
                    statistics=StatisticsBuilder({n: types[n].dtype for n in [*features, data.label]}, SPLITS))
     writes = BackgroundWrites()
     shards = {s: RollingShards(s, staging_dir, compression, target_bytes, durable=local_out, closer=writes.closer,
-                               hasher=writes.hasher)
+                               hasher=writes.hasher, compression_level=data.compression_level,
+                               compressor=writes.compressor)
               for s in SPLITS}
     try:
         for index, source_file in enumerate(files):

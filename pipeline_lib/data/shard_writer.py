@@ -16,6 +16,10 @@ from pipeline_lib.data.tfrecord_writer import TFRecordFileWriter
 SPLITS = ("train", "eval")
 # Encoded batches queued for the shard writer thread at most (one being written, one waiting).
 _WRITES_IN_FLIGHT = 2
+# gzip: one compressing thread per core (zlib releases the GIL), and two blocks queued per thread so none idles
+# while the writer thread hands out the next.
+_GZIP_THREADS = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+_GZIP_BLOCKS_IN_FLIGHT = 2 * _GZIP_THREADS
 
 
 @dataclass
@@ -37,9 +41,11 @@ class RollingShards:
     """
 
     def __init__(self, split: str, staging_dir: str, compression: str, target_bytes: int, durable: bool,
-                 closer: concurrent.futures.Executor, hasher: concurrent.futures.Executor):
+                 closer: concurrent.futures.Executor, hasher: concurrent.futures.Executor,
+                 compression_level: int = 1, compressor: concurrent.futures.Executor | None = None):
         self.split, self.compression, self.target_bytes = split, compression, max(1, target_bytes)
         self.durable, self._closer, self._hasher = durable, closer, hasher
+        self.compression_level, self._compressor = compression_level, compressor
         self.dir = os.path.join(staging_dir, split)
         os.makedirs(self.dir, exist_ok=True)
         self._closing: list[concurrent.futures.Future] = []
@@ -48,8 +54,9 @@ class RollingShards:
     def _open(self) -> TFRecordFileWriter:
         if self._writer is None:
             path = os.path.join(self.dir, f"part-{len(self._closing):05d}")
-            self._writer = TFRecordFileWriter(path, self.compression, durable=self.durable,
-                                                       hasher=self._hasher)
+            self._writer = TFRecordFileWriter(path, self.compression, durable=self.durable, hasher=self._hasher,
+                                              compression_level=self.compression_level,
+                                              compressor=self._compressor, max_blocks_in_flight=_GZIP_BLOCKS_IN_FLIGHT)
         return self._writer
 
     def _finish(self, writer: TFRecordFileWriter) -> StagedShard:
@@ -109,6 +116,9 @@ class BackgroundWrites:
         self.closer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-close")
         # The sha256 of each written block runs here while the write thread copies the block to its file.
         self.hasher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-hash")
+        # gzip shards: their blocks are deflated here, on every core.
+        self.compressor = concurrent.futures.ThreadPoolExecutor(max_workers=_GZIP_THREADS,
+                                                                thread_name_prefix="tfdag-gzip")
         self._pending: collections.deque[concurrent.futures.Future] = collections.deque()
 
     def submit(self, shards: dict[str, RollingShards], batch: EncodedBatch, num_eval: int) -> None:
@@ -142,3 +152,4 @@ class BackgroundWrites:
         self._pool.shutdown(wait=True)
         self.closer.shutdown(wait=True)
         self.hasher.shutdown(wait=True)
+        self.compressor.shutdown(wait=True)

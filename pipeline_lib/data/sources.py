@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline_lib.config import DataConfig, DataFormat
+from pipeline_lib.config import Compression, DataConfig, DataFormat
 from pipeline_lib.core import storage
 from pipeline_lib.data.errors import ConversionError, raise_if_outage
 from pipeline_lib.data.manifest import SourceFile, SourceFingerprint
@@ -132,6 +132,7 @@ def _settings(data: DataConfig) -> dict[str, Any]:
         "split": data.split.model_dump(mode="json"),
         "target_shard_mb": data.target_shard_mb,
         "compression": data.compression.value,
+        **({"compression_level": data.compression_level} if data.compression == Compression.GZIP else {}),
         "on_bad_record": data.on_bad_record.value,
         "csv_delimiter": data.csv_delimiter,
         # Missing values change the rows written (skip) and statistics.json (the fill values it records).

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import os
 from concurrent.futures import Executor
@@ -11,6 +10,7 @@ from typing import BinaryIO
 from pipeline_lib.core import native
 from pipeline_lib.data.direct_io import DirectFile
 from pipeline_lib.data.encoding import EncodedBatch
+from pipeline_lib.data.parallel_gzip import InlineExecutor, ParallelGzipWriter
 
 # Writes at least this large are hashed on the `hasher` thread while the calling thread writes them, and (in
 # durable files) handed to the device right away.
@@ -57,8 +57,10 @@ class _HashingWriter:
 class TFRecordFileWriter:
     """Appends framed records (an `EncodedBatch` from `framing.encode_tfrecords`) to one local TFRecord file.
 
-    With `compression="gzip"` the file is one gzip stream (mtime 0, so reruns write identical bytes), which
-    `tf.data.TFRecordDataset(..., compression_type="GZIP")` reads. Tracks records, file bytes and sha256.
+    With `compression="gzip"` the file is one gzip stream at `compression_level` (mtime 0, so reruns write
+    identical bytes), which `tf.data.TFRecordDataset(..., compression_type="GZIP")` reads; its 1 MiB blocks are
+    deflated on the `compressor` executor (one thread per core), at most `max_blocks_in_flight` at once, or on the
+    writing thread without one. Tracks records, file bytes and sha256.
     With `durable=True`, `close()` returns only once the bytes are on the storage device (fsync): a manifest
     written after it can never name a shard that a crash left short. A durable file is written with O_DIRECT
     (`DirectFile`) unless `direct=False`: conversion never reads a shard back, so caching its pages only costs
@@ -67,7 +69,8 @@ class TFRecordFileWriter:
     """
 
     def __init__(self, path: str, compression: str = "none", durable: bool = False, hasher: Executor | None = None,
-                 direct: bool = True):
+                 direct: bool = True, compression_level: int = 1, compressor: Executor | None = None,
+                 max_blocks_in_flight: int = 4):
         if compression not in ("none", "gzip"):
             raise ValueError(f"compression {compression!r} is not supported; use 'none' or 'gzip'")
         self.path = path
@@ -79,7 +82,10 @@ class TFRecordFileWriter:
         else:
             self._file = open(path, "wb")  # noqa: SIM115  (closed by close() or abort(); the writer outlives a with-block)
         self._hashing = _HashingWriter(self._file, hasher, writeback=durable and not self._direct)
-        self._gzip = gzip.GzipFile(filename="", mode="wb", fileobj=self._hashing, mtime=0) if compression == "gzip" else None
+        self._gzip = None
+        if compression == "gzip":
+            self._gzip = ParallelGzipWriter(self._hashing, compression_level, compressor or InlineExecutor(),
+                                            max_blocks_in_flight)
         self.num_records = 0
         self.num_uncompressed_bytes = 0
 
@@ -105,6 +111,6 @@ class TFRecordFileWriter:
     def abort(self) -> None:
         try:
             if self._gzip is not None:
-                self._gzip.close()
+                self._gzip.abort()
         finally:
             (self._file.abort if self._direct else self._file.close)()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+from pathlib import Path
+
 import fsspec
 import numpy as np
 import pyarrow as pa
@@ -9,6 +13,7 @@ import pyarrow.parquet as pq
 import tensorflow as tf
 
 from pipeline_lib.config import DataConfig
+from pipeline_lib.data import parallel_gzip
 from pipeline_lib.data.convert import convert
 from pipeline_lib.data.manifest import MANIFEST_NAME, load_manifest
 from tests.pipeline_lib.data.conversion_support import make_rows, read_all, write_csv
@@ -60,3 +65,27 @@ def test_the_manifest_records_the_byte_layout_only_when_every_record_has_it(tmp_
     assert sorted(read_all(mixed)["label"].tolist()) == list(range(n))
     with_strings = _npz_manifest(tmp_path, "strings", x=x, s=np.array([f"s{i}" for i in range(n)]), label=np.arange(n) % 4)
     assert with_strings.record_layout is None
+
+
+
+def test_gzip_shards_compressed_in_parallel_read_back_and_match_the_manifest(tmp_path):
+    """Shards of several 1 MiB blocks, deflated on the pool: tf.data reads them; sizes and sha256s match."""
+    rng = np.random.default_rng(5)
+    num_rows = 30_000
+    path = tmp_path / "wide.csv"
+    np.savetxt(path, np.column_stack([np.round(rng.normal(size=(num_rows, 16)), 2), np.arange(num_rows) % 3]),
+               delimiter=",", fmt="%.2f", header=",".join([*(f"f{i}" for i in range(16)), "y"]), comments="")
+    config = DataConfig(source=str(path), label="y", compression="gzip", compression_level=6, target_shard_mb=2.5)
+    manifest = convert(config, str(tmp_path / "out"))
+    assert len(manifest.shards_for("train")) >= 2
+    num_records, largest = 0, 0
+    for shard in manifest.shards:
+        local = Path(manifest.dataset_uri.removeprefix("file://"), shard.path)
+        content = local.read_bytes()
+        assert (len(content), hashlib.sha256(content).hexdigest()) == (shard.num_bytes, shard.sha256)
+        largest = max(largest, len(gzip.decompress(content)))
+        num_records += sum(1 for _ in tf.data.TFRecordDataset(str(local), compression_type="GZIP"))
+    assert num_records == num_rows
+    assert largest > parallel_gzip.BLOCK_BYTES  # several blocks a shard, so the pool had work side by side
+    other = convert(config.model_copy(update={"compression_level": 1}), str(tmp_path / "out"))
+    assert other.fingerprint != manifest.fingerprint  # the level changes the bytes, so the fingerprint

@@ -1,0 +1,63 @@
+"""flows.prefect_api: PREFECT_API_URL, then a running stack, else an ephemeral server on a database under .tfdag/."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows.prefect_api import choose_prefect_api
+
+_TRIVIAL_FLOW = """
+import sys
+from flows.prefect_api import api_from_profile, choose_prefect_api
+chosen = choose_prefect_api(sys.argv[1])
+from prefect import flow
+
+@flow
+def answer() -> int:
+    return 42
+
+assert answer() == 42
+print(api_from_profile(chosen).describe())
+"""
+
+
+def test_prefect_api_url_wins(tmp_path):
+    environ = {"PREFECT_API_URL": "http://127.0.0.1:1/api"}
+    chosen = choose_prefect_api(tmp_path / ".tfdag", environ)
+    assert (chosen.source, chosen.url) == ("PREFECT_API_URL", "http://127.0.0.1:1/api")
+    assert "PREFECT_SERVER_DATABASE_CONNECTION_URL" not in environ
+
+
+def test_without_a_server_the_database_goes_under_the_root_unless_one_is_set(tmp_path):
+    environ: dict[str, str] = {}
+    chosen = choose_prefect_api(tmp_path / ".tfdag", environ)
+    database = (tmp_path / ".tfdag" / "prefect" / "prefect.db").resolve()
+    assert (chosen.source, chosen.url, chosen.database_path) == ("ephemeral", None, database)
+    assert environ["PREFECT_SERVER_DATABASE_CONNECTION_URL"] == f"sqlite+aiosqlite:///{database}"
+    own = {"PREFECT_API_DATABASE_CONNECTION_URL": "postgresql+asyncpg://db/prefect"}
+    choose_prefect_api(tmp_path / ".tfdag", own)
+    assert own["PREFECT_API_DATABASE_CONNECTION_URL"] == "postgresql+asyncpg://db/prefect"
+    assert "PREFECT_SERVER_DATABASE_CONNECTION_URL" not in own
+
+
+@pytest.mark.slow
+def test_ephemeral_server_keeps_its_database_in_the_project_not_in_home(tmp_path):
+    """A flow with no API configured: Prefect's ephemeral server writes <root>/prefect/prefect.db, not ~/.prefect."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PREFECT_") or k == "PREFECT_SERVER_ANALYTICS_ENABLED"}
+    env.update(HOME=str(home), PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                           env.get("PYTHONPATH", "")]))
+    root = tmp_path / "project" / ".tfdag"
+    done = subprocess.run([sys.executable, "-c", _TRIVIAL_FLOW, str(root)], env=env, capture_output=True,
+                          text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "an ephemeral Prefect server" in done.stdout
+    assert (root / "prefect" / "prefect.db").is_file()
+    assert not (home / ".prefect" / "prefect.db").exists()
