@@ -69,7 +69,7 @@ class LoopController:
             seconds=time.monotonic() - self._execution_started, loss=self.last_loss,
             learning_rate=current_learning_rate(self.state.optimizer),
             gradient_norms=tuple(float(norm) for norm in outputs.gradient_norm),
-            input_waits_s=tuple(float(wait) for wait in outputs.input_wait_s))
+            input_waits_s=tuple(float(wait) for wait in outputs.input_wait_s if math.isfinite(wait)))
         self.hooks.on_execution(execution)
         self.progress.record(execution)
         if not math.isfinite(self.last_loss):

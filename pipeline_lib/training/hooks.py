@@ -27,7 +27,8 @@ class Execution:
 
     `step`: the global step reached; `steps`: how many ran; `examples`: theirs over all replicas; `seconds`: wall
     seconds since the previous execution ended (input included); `loss`: the last step's; `learning_rate`: the
-    optimizer's now; `gradient_norms` and `input_waits_s`: one per step (see `training.step.StepOutputs`).
+    optimizer's now; `gradient_norms` and `input_waits_s`: one per step (see `training.step.StepOutputs`), no input
+    wait when it was not measured (under op determinism, `train.deterministic`).
     """
 
     step: int

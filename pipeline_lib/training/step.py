@@ -26,7 +26,8 @@ class StepOutputs(NamedTuple):
     input_wait_s: seconds the step waited for its batch: from right before the step asks the input iterator for it
         to the moment every replica's batch is there, measured inside the step with `tf.timestamp`. A step only
         asks once the previous step is done (the loop's iterations are ordered), so this is the input-bound
-        signal: near zero when tf.data's prefetch keeps up, the missing input time when it does not.
+        signal: near zero when tf.data's prefetch keeps up, the missing input time when it does not. NaN when not
+        measured (`create_train_step(measure_input_wait=False)`).
     """
 
     loss: Any
@@ -46,8 +47,8 @@ def create_loss_fn(task: Task) -> LossFn:
 
 
 def create_train_step(strategy: tf.distribute.Strategy, model: keras.Model, optimizer: keras.optimizers.Optimizer,
-                      task: Task, global_batch: int, mixed_precision: bool, jit_compile: bool = False
-                      ) -> Callable[[object], StepOutputs]:
+                      task: Task, global_batch: int, mixed_precision: bool, jit_compile: bool = False,
+                      measure_input_wait: bool = True) -> Callable[[object], StepOutputs]:
     """One global step: take every replica's next batch from a distributed iterator, update, return what it measured.
 
     The step is `tf.function`-safe and has no side effect but the update: the synchronous loop runs several in
@@ -63,6 +64,8 @@ def create_train_step(strategy: tf.distribute.Strategy, model: keras.Model, opti
         jit_compile: compile the forward and backward pass with XLA (`train.jit_compile`). The update stays
             outside XLA: under a distribution strategy it all-reduces the gradients across replicas, which a
             compiled cluster cannot do.
+        measure_input_wait: time the wait for the batch with TensorFlow's clock op (`tf.timestamp`), which
+            TensorFlow refuses to run once op determinism is on (`setup.op_determinism_enabled`): pass False then.
 
     Returns:
         `train_step(iterator) -> StepOutputs`: the step's loss, gradient norm and input wait (see `StepOutputs`).
@@ -91,12 +94,17 @@ def create_train_step(strategy: tf.distribute.Strategy, model: keras.Model, opti
         # One reduce for both scalars: under MultiWorkerMirrored each reduce is a round trip between workers.
         return tf.stack([tf.cast(loss, tf.float32), gradient_norm])
 
-    def train_step(iterator) -> StepOutputs:
+    def next_batch(iterator):
+        if not measure_input_wait:
+            return next(iterator), tf.constant(float("nan"))
         requested = tf.timestamp()
         with tf.control_dependencies([requested]):
-            inputs, labels = next(iterator)
-        with tf.control_dependencies(tf.nest.flatten((inputs, labels), expand_composites=True)):
-            input_wait_s = tf.cast(tf.timestamp() - requested, tf.float32)
+            batch = next(iterator)
+        with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+            return batch, tf.cast(tf.timestamp() - requested, tf.float32)
+
+    def train_step(iterator) -> StepOutputs:
+        (inputs, labels), input_wait_s = next_batch(iterator)
         per_replica = strategy.run(replica_step, args=(inputs, labels))
         loss, gradient_norm = tf.unstack(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None))
         return StepOutputs(loss, gradient_norm, input_wait_s)

@@ -17,6 +17,7 @@ from pipeline_lib.training.errors import TrainingError, TrainingInterrupted
 from pipeline_lib.training.hooks import TrainHooks
 from tests.conftest import make_plan, write_dataset
 from tests.pipeline_lib.launch_support import REPO_ROOT
+from tests.pipeline_lib.tensorboard_support import read_scalars
 
 pytestmark = pytest.mark.slow
 
@@ -330,3 +331,9 @@ def test_parameter_server_chief_coordinates_two_workers_and_one_ps(tmp_path):
     assert result["final_step"] == 60 and result["num_workers"] == 2
     assert result["accuracy"] > 0.7
     assert [r.step for r in manifests.list_checkpoints(str(tmp_path / "ps" / "checkpoints"))] == [30, 60]
+    # The coordinator fetched each scheduled step's gradient norm and input wait.
+    scalars = read_scalars(str(tmp_path / "ps" / "tensorboard"))
+    assert [step for step, _ in scalars["gradient_norm"]] == [10, 20, 30, 40, 50, 60]
+    assert all(0 < norm < float("inf") for _, norm in scalars["gradient_norm"])
+    assert all(0 <= wait < step for (_, wait), (_, step) in zip(scalars["input_wait_seconds"],
+                                                                 scalars["step_seconds"]))

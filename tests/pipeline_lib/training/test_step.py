@@ -28,7 +28,7 @@ def _gradient_norm(model, x, y) -> float:
     return float(tf.linalg.global_norm(tape.gradient(loss, model.trainable_variables)))
 
 
-def _run_steps(strategy, mixed_precision=False, delay_s=0.0):
+def _run_steps(strategy, mixed_precision=False, delay_s=0.0, measure_input_wait=True):
     x, y = _data()
     with strategy.scope():
         keras.utils.set_random_seed(1)
@@ -48,7 +48,7 @@ def _run_steps(strategy, mixed_precision=False, delay_s=0.0):
         dataset = dataset.map(slow)
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     step = tf.function(create_train_step(strategy, model, optimizer, Task.CLASSIFICATION, GLOBAL_BATCH,
-                                         mixed_precision))
+                                         mixed_precision, measure_input_wait=measure_input_wait))
     outputs = [step(iterator) for _ in range(3)]
     first = {name: float(value) for name, value in outputs[0]._asdict().items()}
     return first, expected_norm, [float(o.input_wait_s) for o in outputs]
@@ -58,19 +58,19 @@ def _run_steps(strategy, mixed_precision=False, delay_s=0.0):
 def test_the_gradient_norm_is_the_sum_of_the_replicas_gradient_norms(strategy_name):
     strategy = (tf.distribute.get_strategy() if strategy_name == "default"
                 else tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
-    measured, expected, _ = _run_steps(strategy)
+    measured, expected, _ = _run_steps(strategy, measure_input_wait=False)
     # One replica: exactly the applied gradient's norm. Two: each replica's, summed (see StepOutputs).
     assert measured["gradient_norm"] == pytest.approx(expected, rel=1e-5)
     assert measured["gradient_norm"] > 0 and np.isfinite(measured["loss"])
 
 
 def test_the_gradient_norm_is_unscaled_under_a_loss_scale():
-    measured, expected, _ = _run_steps(tf.distribute.get_strategy(), mixed_precision=True)
+    measured, expected, _ = _run_steps(tf.distribute.get_strategy(), mixed_precision=True, measure_input_wait=False)
     assert measured["gradient_norm"] == pytest.approx(expected, rel=1e-4)
 
 
 @pytest.mark.parametrize("strategy_name", ["default", "mirrored"])
-def test_the_input_wait_is_the_time_the_step_waited_for_its_batch(strategy_name):
+def test_the_input_wait_is_the_time_the_step_waited_for_its_batch(strategy_name, no_op_determinism):
     strategy = (tf.distribute.get_strategy() if strategy_name == "default"
                 else tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
     _, _, waits = _run_steps(strategy, delay_s=0.2)
@@ -78,3 +78,9 @@ def test_the_input_wait_is_the_time_the_step_waited_for_its_batch(strategy_name)
     # Each later step asked for a batch that took 0.2 s to make; without the delay a batch is there at once.
     assert all(0.1 < wait < 2.0 for wait in waits[1:]), waits
     assert all(0 <= wait < 0.05 for wait in fast[1:]), fast
+
+
+def test_without_the_clock_the_input_wait_is_nan_and_the_rest_is_measured():
+    measured, expected, waits = _run_steps(tf.distribute.get_strategy(), measure_input_wait=False)
+    assert all(np.isnan(wait) for wait in waits)
+    assert measured["gradient_norm"] == pytest.approx(expected, rel=1e-5)
