@@ -46,7 +46,8 @@ def _train(tmp_path, manifest, name, **train):
 
 
 def _slow_input(monkeypatch):
-    """Every batch of the training input takes DELAY_S more to make (a test-only wrap of the loop's dataset_fn)."""
+    """Every batch of the training input takes DELAY_S more to make, prefetched one batch ahead as the real pipeline
+    is (a test-only wrap of the loop's dataset_fn)."""
     create = epochs.create_synchronous_dataset_fn
 
     def slow_dataset_fn(*args, **kwargs):
@@ -56,9 +57,28 @@ def _slow_input(monkeypatch):
             tf.py_function(lambda: time.sleep(DELAY_S), [], [])
             return batch
 
-        return lambda context: dataset_fn(context).map(sleep)
+        return lambda context: dataset_fn(context).map(sleep).prefetch(1)
 
     monkeypatch.setattr(epochs, "create_synchronous_dataset_fn", slow_dataset_fn)
+
+
+def _slow_steps(monkeypatch, seconds):
+    """Every train step takes `seconds` more after its update (a test-only wrap of the loop's step function)."""
+    create = training.create_train_step
+
+    def slow_create_train_step(*args, **kwargs):
+        step = create(*args, **kwargs)
+
+        def slow_step(iterator):
+            outputs = step(iterator)
+            with tf.control_dependencies(tf.nest.flatten(outputs)):
+                slept = tf.py_function(lambda: time.sleep(seconds) or 0.0, [], tf.float32)
+            with tf.control_dependencies([slept]):
+                return type(outputs)(*(tf.identity(value) for value in outputs))
+
+        return slow_step
+
+    monkeypatch.setattr(training, "create_train_step", slow_create_train_step)
 
 
 def test_tensorboard_has_step_time_input_wait_learning_rate_and_gradient_norm(tmp_path, shared_manifest,
@@ -86,6 +106,15 @@ def test_a_slow_input_pipeline_shows_as_input_wait(tmp_path, shared_manifest, mo
     assert DELAY_S * 0.6 < statistics.median(waits) < DELAY_S * 4, waits
     scalars = read_scalars(result.tensorboard_dir)
     assert all(DELAY_S * 0.6 < wait for _, wait in scalars["input_wait_seconds"][1:]), scalars["input_wait_seconds"]
+
+
+def test_input_made_while_the_step_computes_is_no_wait(tmp_path, shared_manifest, monkeypatch, no_op_determinism):
+    # Steps of 2 × DELAY_S and batches of DELAY_S: the next batch is ready when a step asks for it, because a step
+    # asks only once the previous one is done (its wait does not overlap the previous step's work).
+    _slow_input(monkeypatch)
+    _slow_steps(monkeypatch, 2 * DELAY_S)
+    _, waits = _train(tmp_path, shared_manifest, "slow-steps")
+    assert statistics.median(waits) < DELAY_S / 4, waits
 
 
 def test_a_deterministic_run_reports_no_input_wait_and_everything_else(tmp_path, shared_manifest, no_op_determinism):
