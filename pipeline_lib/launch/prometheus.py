@@ -3,7 +3,8 @@ a `file_sd` targets file so a Prometheus server finds them. The endpoints end wi
 file is emptied at the end: nothing lingers (unlike a Pushgateway).
 
 Every series is labelled `run`, `task_type`, `task_index`. Tasks: `tfdag_steps_total`, `tfdag_examples_total`,
-`tfdag_step_seconds` (histogram), `tfdag_examples_per_second`, `tfdag_loss`, `tfdag_learning_rate`,
+`tfdag_step_seconds` (histogram), `tfdag_input_wait_seconds` (histogram: each step's wait for its batch, the
+input-bound signal), `tfdag_examples_per_second`, `tfdag_loss`, `tfdag_learning_rate`, `tfdag_gradient_norm`,
 `tfdag_heartbeat_age_seconds`, `tfdag_checkpoint_seconds` (histogram), `tfdag_last_checkpoint_timestamp_seconds`.
 Supervisor: `tfdag_restarts_total`, `tfdag_worker_step_lag` (each worker's steps behind the fastest).
 """
@@ -18,11 +19,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeline_lib.core import storage
+from pipeline_lib.training.hooks import Execution
 
 logger = logging.getLogger(__name__)
 
 TARGETS_NAME = "prometheus_targets.json"  # in the run directory, Prometheus file_sd format
 LABELS = ("run", "task_type", "task_index")
+_INPUT_WAIT_BUCKETS = (0.00001, 0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 _STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _CHECKPOINT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -50,9 +53,13 @@ class TaskMetrics:
         self.examples = make(Counter, "tfdag_examples", "Examples of those steps, over all replicas")
         self.step_seconds = make(Histogram, "tfdag_step_seconds", "Wall seconds per step (input included)",
                                  buckets=_STEP_BUCKETS)
+        self.input_wait_seconds = make(Histogram, "tfdag_input_wait_seconds",
+                                       "Seconds each step waited for its batch (the input-bound signal)",
+                                       buckets=_INPUT_WAIT_BUCKETS)
         self.examples_per_second = make(Gauge, "tfdag_examples_per_second", "Examples per second, last execution")
         self.loss = make(Gauge, "tfdag_loss", "Training loss of the last step")
         self.learning_rate = make(Gauge, "tfdag_learning_rate", "The optimizer's learning rate")
+        self.gradient_norm = make(Gauge, "tfdag_gradient_norm", "Mean global gradient norm of the last execution")
         self.checkpoint_seconds = make(Histogram, "tfdag_checkpoint_seconds",
                                        "Seconds per checkpoint (save, evaluation, upload)", buckets=_CHECKPOINT_BUCKETS)
         self.last_checkpoint = make(Gauge, "tfdag_last_checkpoint_timestamp_seconds",
@@ -66,19 +73,22 @@ class TaskMetrics:
     def beat(self) -> None:
         self._last_beat = time.time()
 
-    def on_execution(self, steps: int, examples: int, seconds: float, loss: float, learning_rate: float) -> None:
+    def on_execution(self, execution: Execution) -> None:
         self.beat()
+        steps, seconds = execution.steps, execution.seconds
         self.steps.inc(steps)
-        self.examples.inc(examples)
+        self.examples.inc(execution.examples)
         if steps and seconds > 0:
             per_step = seconds / steps
             for _ in range(steps):
                 self.step_seconds.observe(per_step)
-            self.examples_per_second.set(examples / seconds)
-        if math.isfinite(loss):
-            self.loss.set(loss)
-        if math.isfinite(learning_rate):
-            self.learning_rate.set(learning_rate)
+            self.examples_per_second.set(execution.examples / seconds)
+        for wait in execution.input_waits_s:
+            self.input_wait_seconds.observe(max(wait, 0.0))
+        for gauge, value in ((self.loss, execution.loss), (self.learning_rate, execution.learning_rate),
+                             (self.gradient_norm, execution.gradient_norm)):
+            if math.isfinite(value):
+                gauge.set(value)
 
     def on_checkpoint(self, seconds: float) -> None:
         self.beat()

@@ -56,7 +56,7 @@ from pipeline_lib.tracking.sinks import create_sink, system_metrics
 from pipeline_lib.training import loop as training
 from pipeline_lib.training import strategy as strategies
 from pipeline_lib.training.errors import TrainingInterrupted
-from pipeline_lib.training.hooks import Phase, TrainHooks
+from pipeline_lib.training.hooks import Execution, Phase, TrainHooks
 from pipeline_lib.training.profiling import start_profiler_server
 from pipeline_lib.training.results import TrainResult
 
@@ -81,10 +81,9 @@ class WorkerHooks(TrainHooks):
         self.metrics = metrics
         self.preempted = False
 
-    def on_execution(self, step: int, steps: int, examples: int, seconds: float, loss: float,
-                     learning_rate: float) -> None:
+    def on_execution(self, execution: Execution) -> None:
         if self.metrics is not None:
-            self.metrics.on_execution(steps, examples, seconds, loss, learning_rate)
+            self.metrics.on_execution(execution)
 
     def on_checkpoint(self, step: int, seconds: float) -> None:
         if self.metrics is not None:

@@ -5,16 +5,17 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from pipeline_lib.checkpoints import layout
 from pipeline_lib.checkpoints.records import TRAIN_LOSS_METRIC, CheckpointRecord
 from pipeline_lib.config import TrainConfig
 from pipeline_lib.training.errors import TrainingInterrupted
-from pipeline_lib.training.hooks import Phase, TrainHooks
+from pipeline_lib.training.hooks import Execution, Phase, TrainHooks
 from pipeline_lib.training.profiling import ProfileWindow
 from pipeline_lib.training.progress import ProgressLogger, current_learning_rate
 from pipeline_lib.training.setup import TrainingState
+from pipeline_lib.training.step import StepOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -54,23 +55,30 @@ class LoopController:
         return min(limit, self.total_steps - self.step, log_every - self.step % log_every,
                    save_every - self.step % save_every, (boundary - self.step) if boundary else limit)
 
-    def after_execution(self, losses: Sequence[float], stop_requested: Callable[[], bool]) -> None:
-        """Account for `losses`, one per step just run; raises TrainingInterrupted on a stop request."""
+    def after_execution(self, outputs: StepOutputs, stop_requested: Callable[[], bool]) -> None:
+        """Account for the steps just run (`outputs`: each field one value per step); raises TrainingInterrupted on a
+        stop request."""
         self._enter(Phase.STEPPING)
+        losses = [float(loss) for loss in outputs.loss]
         for offset, loss in enumerate(losses):
-            self.hooks.on_step_end(self.step + offset + 1, self.global_batch, float(loss))
+            self.hooks.on_step_end(self.step + offset + 1, self.global_batch, loss)
         self.step += len(losses)
-        self.last_loss = float(losses[-1])
-        now = time.monotonic()
-        self.hooks.on_execution(self.step, len(losses), len(losses) * self.global_batch, now - self._execution_started,
-                                self.last_loss, current_learning_rate(self.state.optimizer))
+        self.last_loss = losses[-1]
+        execution = Execution(
+            step=self.step, steps=len(losses), examples=len(losses) * self.global_batch,
+            seconds=time.monotonic() - self._execution_started, loss=self.last_loss,
+            learning_rate=current_learning_rate(self.state.optimizer),
+            gradient_norms=tuple(float(norm) for norm in outputs.gradient_norm),
+            input_waits_s=tuple(float(wait) for wait in outputs.input_wait_s if math.isfinite(wait)))
+        self.hooks.on_execution(execution)
+        self.progress.record(execution)
         if not math.isfinite(self.last_loss):
             logger.warning("loss is %s at step %d", self.last_loss, self.step)
         step = self.step
         if self.profile is not None:
             self.profile.at(step)
         if step % self.config.log_every_steps == 0 or step == self.total_steps:
-            self.progress.log(step, self.last_loss, current_learning_rate(self.state.optimizer))
+            self.progress.log(step, self.last_loss, execution.learning_rate)
             self._upload_tensorboard(flush=True)
         if step == self.total_steps:
             self.finish()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import math
 from typing import Protocol
 
 
@@ -17,6 +19,40 @@ class Phase(enum.StrEnum):
     STEPPING = "stepping"
     SAVING = "saving"
     FINISHING = "finishing"
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+    """One execution of steps, as the hooks hear it.
+
+    `step`: the global step reached; `steps`: how many ran; `examples`: theirs over all replicas; `seconds`: wall
+    seconds since the previous execution ended (input included); `loss`: the last step's; `learning_rate`: the
+    optimizer's now; `gradient_norms` and `input_waits_s`: one per step (see `training.step.StepOutputs`), no input
+    wait when it was not measured (under op determinism, `train.deterministic`).
+    """
+
+    step: int
+    steps: int
+    examples: int
+    seconds: float
+    loss: float
+    learning_rate: float
+    gradient_norms: tuple[float, ...] = ()
+    input_waits_s: tuple[float, ...] = ()
+
+    @property
+    def gradient_norm(self) -> float:
+        """The mean gradient norm of the execution's steps (NaN when none was measured)."""
+        return _mean(self.gradient_norms)
+
+    @property
+    def input_wait_s(self) -> float:
+        """The mean input wait of the execution's steps, in seconds (NaN when none was measured)."""
+        return _mean(self.input_waits_s)
+
+
+def _mean(values: tuple[float, ...]) -> float:
+    return math.fsum(values) / len(values) if values else math.nan
 
 
 class MetricsSink(Protocol):
@@ -56,10 +92,8 @@ class TrainHooks:
     def on_phase(self, phase: Phase, step: int) -> None:
         pass
 
-    def on_execution(self, step: int, steps: int, examples: int, seconds: float, loss: float,
-                     learning_rate: float) -> None:
-        """After each execution: `steps` steps up to global `step`, `examples` over all replicas, the wall seconds
-        since the previous execution ended (input included), the last loss and the learning rate."""
+    def on_execution(self, execution: Execution) -> None:
+        """After each execution of steps, with what it measured."""
 
     def on_checkpoint(self, step: int, seconds: float) -> None:
         """After a checkpoint of `step` is saved (its evaluation included), with the seconds it took."""

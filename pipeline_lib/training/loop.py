@@ -12,6 +12,7 @@ import math
 import os
 import time
 
+import numpy as np
 import tensorflow as tf
 
 from pipeline_lib.checkpoints.records import TRAIN_LOSS_METRIC
@@ -31,10 +32,11 @@ from pipeline_lib.training.results import TrainResult
 from pipeline_lib.training.setup import (
     TrainingState,
     create_training_state,
+    op_determinism_enabled,
     seed_everything,
     synchronous_global_batch,
 )
-from pipeline_lib.training.step import create_train_step
+from pipeline_lib.training.step import StepOutputs, create_train_step
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +103,12 @@ def train(
         global_batch = synchronous_global_batch(plan, choice, config)
     state = create_training_state(config, manifest, plan, run_dir, cluster, choice)
     hooks.on_restored(state.start_step)
+    # Op determinism refuses the clock op that times the wait for input.
+    measure_input_wait = not op_determinism_enabled()
+    if not measure_input_wait:
+        logger.info("input wait not measured: TensorFlow's op determinism (train.deterministic) refuses its clock op")
     train_step = create_train_step(choice.strategy, state.model, state.optimizer, config.model.task, global_batch,
-                                   train_config.mixed_precision, train_config.jit_compile)
+                                   train_config.mixed_precision, train_config.jit_compile, measure_input_wait)
     evaluate = Evaluator(state.model, manifest, config.model.task) if cluster.is_chief else None
     progress = ProgressLogger(cluster.is_chief, state.run_storage.local_tensorboard_dir, sink, global_batch,
                               state.start_step)
@@ -233,17 +239,21 @@ def _run_synchronous(choice: strategies.StrategyChoice, dataset_fn: epochs.Datas
 
     @tf.function
     def run_steps(iterator, num_steps):
-        losses = tf.TensorArray(tf.float32, size=num_steps)
+        # The iterations run in order (each one's outputs wait for all its stateful ops), so a step's input wait
+        # starts after the previous step is done.
+        outputs = StepOutputs(*(tf.TensorArray(tf.float32, size=num_steps) for _ in StepOutputs._fields))
         for i in tf.range(num_steps):
-            losses = losses.write(i, train_step(iterator))
-        return losses.stack()
+            step = train_step(iterator)
+            outputs = StepOutputs(*(array.write(i, value) for array, value in zip(outputs, step)))
+        return StepOutputs(*(array.stack() for array in outputs))
 
     stop_requested = _StopOnAnyWorker(choice, hooks)
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
     while controller.step < plan.total_steps:
         # An execution also ends with its epoch.
         count = controller.steps_to_next(min(steps_per_execution, steps_per_epoch - controller.step % steps_per_epoch))
-        controller.after_execution(run_steps(iterator, tf.constant(count, tf.int32)).numpy(), stop_requested)
+        outputs = run_steps(iterator, tf.constant(count, tf.int32))
+        controller.after_execution(StepOutputs(*(values.numpy() for values in outputs)), stop_requested)
 
 
 def _run_parameter_server(choice: strategies.StrategyChoice, coordinator, dataset_fn: epochs.DatasetFn, train_step,
@@ -261,7 +271,9 @@ def _run_parameter_server(choice: strategies.StrategyChoice, coordinator, datase
         count = controller.steps_to_next(plan.total_steps)
         results = [coordinator.schedule(worker_step, args=(per_worker_iterator,)) for _ in range(count)]
         coordinator.join()
-        controller.after_execution([float(r.fetch()) for r in results], hooks.stop_requested)
+        fetched = [r.fetch() for r in results]
+        controller.after_execution(StepOutputs(*(np.array(values, np.float32) for values in zip(*fetched))),
+                                   hooks.stop_requested)
 
 
 def run_server(cluster: ClusterInfo) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import numpy as np
 import tensorflow as tf
 
-from pipeline_lib.training.hooks import MetricsSink
+from pipeline_lib.training.hooks import Execution, MetricsSink
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +25,10 @@ def current_learning_rate(optimizer) -> float:
 class ProgressLogger:
     """The chief's progress line, TensorBoard scalars and sink metrics at each logged step.
 
-    Every worker keeps the throughput count; only the chief writes.
+    Besides the loss, learning rate and examples/s, each logged step writes the means over the steps since the
+    previous one of `step_seconds` (execution wall time per step, input included), `input_wait_seconds` and
+    `gradient_norm` (see `training.step.StepOutputs`). Every worker keeps the throughput count; only the chief
+    writes.
     """
 
     def __init__(self, is_chief: bool, tensorboard_dir: str, sink: MetricsSink, global_batch: int, step: int):
@@ -36,9 +40,28 @@ class ProgressLogger:
         self.last_time = time.perf_counter()
         self.total_steps = 0
         self.total_time = 0.0
+        self._interval: list[Execution] = []  # the executions since the last logged step
+
+    def record(self, execution: Execution) -> None:
+        """Note an execution; the next `log` writes the means over the executions noted since the previous one."""
+        if self.is_chief:
+            self._interval.append(execution)
+
+    def _interval_means(self) -> dict[str, float]:
+        executions, self._interval = self._interval, []
+        steps = sum(e.steps for e in executions)
+        if not steps:
+            return {}
+        means = {"step_seconds": math.fsum(e.seconds for e in executions) / steps}
+        for name, values in (("input_wait_seconds", [w for e in executions for w in e.input_waits_s]),
+                             ("gradient_norm", [n for e in executions for n in e.gradient_norms])):
+            if values:
+                means[name] = math.fsum(values) / len(values)
+        return means
 
     def log(self, step: int, loss: float, learning_rate: float) -> None:
-        """Log the training loss, learning rate and throughput since the previous call."""
+        """Log the training loss, learning rate and throughput since the previous call, and the means of what the
+        executions recorded since then measured."""
         now = time.perf_counter()
         elapsed = max(now - self.last_time, 1e-9)
         steps = step - self.last_step
@@ -51,12 +74,15 @@ class ProgressLogger:
         examples_per_sec = steps_per_sec * self.global_batch
         logger.info("train | step: %6d | steps/sec: %.1f | examples/sec: %.0f | loss: %.4f",
                     step, steps_per_sec, examples_per_sec, loss)
+        means = self._interval_means()
         with self.writer.as_default(step=step):
             tf.summary.scalar("loss", loss)
             tf.summary.scalar("learning_rate", learning_rate)
             tf.summary.scalar("examples_per_sec", examples_per_sec)
+            for name, value in means.items():
+                tf.summary.scalar(name, value)
         self.sink.log_metrics({"loss": loss, "learning_rate": learning_rate, "steps_per_sec": steps_per_sec,
-                               "examples_per_sec": examples_per_sec}, step=step)
+                               "examples_per_sec": examples_per_sec, **means}, step=step)
 
     def log_eval(self, step: int, metrics: dict[str, float]) -> None:
         """Log the eval metrics measured at a checkpoint."""

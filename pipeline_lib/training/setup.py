@@ -50,6 +50,15 @@ def seed_everything(train_config: TrainConfig) -> None:
         keras.utils.set_random_seed(train_config.seed)
 
 
+def op_determinism_enabled() -> bool:
+    """Whether TensorFlow's op determinism is on in this process: set by `train.deterministic` (in this run or an
+    earlier one in the same process; TensorFlow offers no public way back) or by the caller. It refuses
+    nondeterministic ops, the clock among them."""
+    from tensorflow.python.framework import config as tf_config  # no public reader of the flag (TF 2.21)
+
+    return bool(tf_config.is_op_determinism_enabled())
+
+
 def synchronous_global_batch(plan: ShardPlan, choice: strategies.StrategyChoice, config: PipelineConfig) -> int:
     """The global batch of a synchronous strategy, after checking that the shard plan was made for it.
 

@@ -11,6 +11,12 @@ from pipeline_lib.config import Direction, TrainConfig
 from pipeline_lib.training.controller import LoopController
 from pipeline_lib.training.errors import TrainingInterrupted
 from pipeline_lib.training.hooks import TrainHooks
+from pipeline_lib.training.step import StepOutputs
+
+
+def _outputs(count, loss=0.5):
+    """`count` steps' outputs: the loss, a gradient norm and an input wait per step."""
+    return StepOutputs([loss] * count, [2.0 + i for i in range(count)], [0.001] * count)
 
 
 class _Store:
@@ -27,7 +33,10 @@ class _Store:
 
 class _Progress:
     def __init__(self):
-        self.logged, self.evals = [], []
+        self.logged, self.evals, self.executions = [], [], []
+
+    def record(self, execution):
+        self.executions.append(execution)
 
     def log(self, step, loss, learning_rate):
         self.logged.append(step)
@@ -67,20 +76,26 @@ def test_executions_stop_at_log_checkpoint_and_end_steps():
     while controller.step < controller.total_steps:
         count = controller.steps_to_next(100)
         ran.append(count)
-        controller.after_execution([0.5] * count, lambda: False)
+        controller.after_execution(_outputs(count), lambda: False)
     controller.finish()
     assert ran == [4, 4, 2, 2, 4, 4, 4, 1]
     assert progress.logged == [4, 8, 12, 16, 20, 24, 25]
     assert state.store.saved == [10, 20, 25]
     assert progress.evals[0] == (10, {"eval_accuracy": 0.5})
     assert hooks.steps == [(s, 64) for s in range(1, 26)]
+    # Every execution reaches the progress logger with its per-step measurements.
+    assert [e.steps for e in progress.executions] == ran
+    first = progress.executions[0]
+    assert (first.step, first.examples, first.loss, first.learning_rate) == (4, 256, 0.5, 0.1)
+    assert first.gradient_norms == (2.0, 3.0, 4.0, 5.0) and first.gradient_norm == 3.5
+    assert first.input_waits_s == (0.001,) * 4 and first.seconds > 0
 
 
 def test_a_stop_request_saves_the_step_then_interrupts():
     controller, state, _, _ = _controller()
-    controller.after_execution([0.5] * 3, lambda: False)
+    controller.after_execution(_outputs(3), lambda: False)
     with pytest.raises(TrainingInterrupted) as stopped:
-        controller.after_execution([0.5] * 2, lambda: True)
+        controller.after_execution(_outputs(2), lambda: True)
     assert stopped.value.step == 5 and stopped.value.checkpoint_path == "/run/checkpoints/ckpt-5"
     assert state.store.saved == [5]
 

@@ -17,6 +17,7 @@ from pipeline_lib.training.errors import TrainingError, TrainingInterrupted
 from pipeline_lib.training.hooks import TrainHooks
 from tests.conftest import make_plan, write_dataset
 from tests.pipeline_lib.launch_support import REPO_ROOT
+from tests.pipeline_lib.tensorboard_support import read_scalars
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +66,8 @@ class RecordingHooks(TrainHooks):
 
 
 @pytest.mark.parametrize("strategy,cpu_replicas", [("default", None), ("mirrored", 2)])
-def test_loss_falls_and_every_planned_step_runs(tmp_path, shared_manifest, strategy, cpu_replicas, caplog):
+def test_loss_falls_and_every_planned_step_runs(tmp_path, shared_manifest, strategy, cpu_replicas, caplog,
+                                                no_op_determinism):
     replicas = cpu_replicas or 1
     config = _config(strategy=strategy, cpu_replicas=cpu_replicas, steps_per_execution=3)
     plan = make_plan(shared_manifest, replicas_per_worker=replicas, epochs=4)
@@ -81,7 +83,8 @@ def test_loss_falls_and_every_planned_step_runs(tmp_path, shared_manifest, strat
     assert np.mean(losses[-3:]) < 0.6 * np.mean(losses[:3])
     logged = sorted(set(range(10, plan.total_steps + 1, 10)) | {plan.total_steps})
     assert [step for step, _ in sink.series("loss")] == logged
-    assert {"loss", "learning_rate", "examples_per_sec", "steps_per_sec"} <= set(sink.history[0][1])
+    assert {"loss", "learning_rate", "examples_per_sec", "steps_per_sec", "step_seconds", "input_wait_seconds",
+            "gradient_norm"} <= set(sink.history[0][1])
     assert "train | step:     10 | steps/sec:" in caplog.text
     assert os.listdir(result.tensorboard_dir)
     assert result.checkpoints[-1].step == plan.total_steps
@@ -330,3 +333,9 @@ def test_parameter_server_chief_coordinates_two_workers_and_one_ps(tmp_path):
     assert result["final_step"] == 60 and result["num_workers"] == 2
     assert result["accuracy"] > 0.7
     assert [r.step for r in manifests.list_checkpoints(str(tmp_path / "ps" / "checkpoints"))] == [30, 60]
+    # The coordinator fetched each scheduled step's gradient norm and input wait.
+    scalars = read_scalars(str(tmp_path / "ps" / "tensorboard"))
+    assert [step for step, _ in scalars["gradient_norm"]] == [10, 20, 30, 40, 50, 60]
+    assert all(0 < norm < float("inf") for _, norm in scalars["gradient_norm"])
+    assert all(0 <= wait < step for (_, wait), (_, step) in zip(scalars["input_wait_seconds"],
+                                                                 scalars["step_seconds"]))

@@ -19,8 +19,9 @@ class TimingHooks(TrainHooks):
     def __init__(self):
         self.executions, self.checkpoints = [], []
 
-    def on_execution(self, step, steps, examples, seconds, loss, learning_rate):
-        self.executions.append((step, steps, examples, seconds, learning_rate))
+    def on_execution(self, execution):
+        self.executions.append((execution.step, execution.steps, execution.examples, execution.seconds,
+                                execution.learning_rate))
 
     def on_checkpoint(self, step, seconds):
         self.checkpoints.append((step, seconds))
