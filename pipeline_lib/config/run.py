@@ -26,6 +26,9 @@ class ObservabilityConfig(_Frozen):
     profile_steps: tuple[int, int] | None = None
     # The profiler server on each task for captures on demand from TensorBoard (null: none).
     profiler_port: int | None = Field(None, ge=1, le=65535)
+    # The input wait and the gradient norm measured inside every step (Prometheus, TensorBoard, MLflow): a few small
+    # ops per step, which show at small batches; false skips them and reports neither.
+    step_metrics: bool = True
 
     @field_validator("profile_steps")
     @classmethod

@@ -68,7 +68,7 @@ class LoopController:
             step=self.step, steps=len(losses), examples=len(losses) * self.global_batch,
             seconds=time.monotonic() - self._execution_started, loss=self.last_loss,
             learning_rate=current_learning_rate(self.state.optimizer),
-            gradient_norms=tuple(float(norm) for norm in outputs.gradient_norm),
+            gradient_norms=tuple(float(norm) for norm in outputs.gradient_norm if math.isfinite(norm)),
             input_waits_s=tuple(float(wait) for wait in outputs.input_wait_s if math.isfinite(wait)))
         self.hooks.on_execution(execution)
         self.progress.record(execution)

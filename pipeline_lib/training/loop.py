@@ -103,12 +103,14 @@ def train(
         global_batch = synchronous_global_batch(plan, choice, config)
     state = create_training_state(config, manifest, plan, run_dir, cluster, choice)
     hooks.on_restored(state.start_step)
+    step_metrics = config.observability.step_metrics
     # Op determinism refuses the clock op that times the wait for input.
-    measure_input_wait = not op_determinism_enabled()
-    if not measure_input_wait:
+    measure_input_wait = step_metrics and not op_determinism_enabled()
+    if step_metrics and not measure_input_wait:
         logger.info("input wait not measured: TensorFlow's op determinism (train.deterministic) refuses its clock op")
     train_step = create_train_step(choice.strategy, state.model, state.optimizer, config.model.task, global_batch,
-                                   train_config.mixed_precision, train_config.jit_compile, measure_input_wait)
+                                   train_config.mixed_precision, train_config.jit_compile, measure_input_wait,
+                                   measure_gradient_norm=step_metrics)
     evaluate = Evaluator(state.model, manifest, config.model.task) if cluster.is_chief else None
     progress = ProgressLogger(cluster.is_chief, state.run_storage.local_tensorboard_dir, sink, global_batch,
                               state.start_step)

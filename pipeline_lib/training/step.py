@@ -27,7 +27,8 @@ class StepOutputs(NamedTuple):
         to the moment every replica's batch is there, measured inside the step with `tf.timestamp`. A step only
         asks once the previous step is done (the loop's iterations are ordered), so this is the input-bound
         signal: near zero when tf.data's prefetch keeps up, the missing input time when it does not. NaN when not
-        measured (`create_train_step(measure_input_wait=False)`).
+        measured (`create_train_step(measure_input_wait=False)`), as `gradient_norm` is without
+        `measure_gradient_norm`.
     """
 
     loss: Any
@@ -48,7 +49,8 @@ def create_loss_fn(task: Task) -> LossFn:
 
 def create_train_step(strategy: tf.distribute.Strategy, model: keras.Model, optimizer: keras.optimizers.Optimizer,
                       task: Task, global_batch: int, mixed_precision: bool, jit_compile: bool = False,
-                      measure_input_wait: bool = True) -> Callable[[object], StepOutputs]:
+                      measure_input_wait: bool = True, *, measure_gradient_norm: bool = True
+                      ) -> Callable[[object], StepOutputs]:
     """One global step: take every replica's next batch from a distributed iterator, update, return what it measured.
 
     The step is `tf.function`-safe and has no side effect but the update: the synchronous loop runs several in
@@ -66,6 +68,7 @@ def create_train_step(strategy: tf.distribute.Strategy, model: keras.Model, opti
             compiled cluster cannot do.
         measure_input_wait: time the wait for the batch with TensorFlow's clock op (`tf.timestamp`), which
             TensorFlow refuses to run once op determinism is on (`setup.op_determinism_enabled`): pass False then.
+        measure_gradient_norm: compute the gradients' global norm (`observability.step_metrics`); NaN when False.
 
     Returns:
         `train_step(iterator) -> StepOutputs`: the step's loss, gradient norm and input wait (see `StepOutputs`).
@@ -89,7 +92,8 @@ def create_train_step(strategy: tf.distribute.Strategy, model: keras.Model, opti
 
     def replica_step(inputs, labels):
         loss, gradients, scale = loss_and_gradients(inputs, labels)
-        gradient_norm = tf.linalg.global_norm(gradients) / tf.cast(scale, tf.float32)
+        gradient_norm = (tf.linalg.global_norm(gradients) / tf.cast(scale, tf.float32) if measure_gradient_norm
+                         else tf.constant(float("nan")))
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         # One reduce for both scalars: under MultiWorkerMirrored each reduce is a round trip between workers.
         return tf.stack([tf.cast(loss, tf.float32), gradient_norm])

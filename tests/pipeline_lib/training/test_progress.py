@@ -31,8 +31,9 @@ class ExecutionHooks(TrainHooks):
         self.executions.append(execution)
 
 
-def _train(tmp_path, manifest, name, **train):
+def _train(tmp_path, manifest, name, observability=None, **train):
     config = parse_config({
+        "observability": observability or {},
         "data": {"source": "unused.csv", "label": "label"},
         "model": {"params": {"hidden_units": [16]}},
         "train": {"per_replica_batch_size": 32, "base_learning_rate": 0.01, "lr_scaling": "none",
@@ -123,3 +124,11 @@ def test_a_deterministic_run_reports_no_input_wait_and_everything_else(tmp_path,
     scalars = read_scalars(result.tensorboard_dir)
     assert "input_wait_seconds" not in scalars
     assert {"step_seconds", "gradient_norm", "learning_rate"} <= set(scalars)
+
+
+def test_step_metrics_off_measures_neither_input_wait_nor_gradient_norm(tmp_path, shared_manifest, no_op_determinism):
+    result, waits = _train(tmp_path, shared_manifest, "no-step-metrics", observability={"step_metrics": False})
+    assert waits == []
+    scalars = read_scalars(result.tensorboard_dir)
+    assert not {"input_wait_seconds", "gradient_norm"} & set(scalars), sorted(scalars)
+    assert {"step_seconds", "learning_rate", "loss"} <= set(scalars)
