@@ -8,7 +8,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline_lib.config import DEFAULT_ROOT
+from pipeline_lib.config import DEFAULT_ROOT, RAY_ADDRESS_ENV
 
 # The ephemeral server's database, under the state root. Prefect's default, ~/.prefect/prefect.db, is shared by
 # every install of the user: a newer Prefect migrates it and an older one then fails to start on it ("Can't
@@ -28,22 +28,24 @@ class PrefectApi:
     source: str  # "PREFECT_API_URL", "tfdag stack" or "ephemeral"
     url: str | None = None
     database_path: Path | None = None
+    ray_address: str | None = None  # the running stack's Ray cluster, exported as RAY_ADDRESS
 
     def describe(self) -> str:
         if self.url is None:
             return f"an ephemeral Prefect server (database {self.database_path}; `tfdag stack up` keeps one running)"
-        return f"the Prefect API at {self.url} ({self.source})"
+        ray = f"; Ray: the stack's cluster at {self.ray_address} (RAY_ADDRESS)" if self.ray_address else ""
+        return f"the Prefect API at {self.url} ({self.source}){ray}"
 
 
-def _running_stack_api(root: str | os.PathLike[str]) -> str | None:
-    """The API URL of the `tfdag stack` under `root` when its Prefect server answers, else None."""
+def _running_stack(root: str | os.PathLike[str]):
+    """The state of the `tfdag stack` under `root` when its Prefect server answers, else None."""
     from flows import stack
 
     state = stack.read_state(root)
     record = state.service("prefect-server") if state is not None else None
     if record is None or stack.find_process(record) is None:
         return None
-    return state.prefect_api_url if stack.prefect_server_answers(state.prefect_api_url) else None
+    return state if stack.prefect_server_answers(state.prefect_api_url) else None
 
 
 def choose_prefect_api(root: str | os.PathLike[str] = DEFAULT_ROOT,
@@ -51,7 +53,7 @@ def choose_prefect_api(root: str | os.PathLike[str] = DEFAULT_ROOT,
     """Pick the Prefect API and set `environ` for it; call before Prefect is imported (it reads them at import).
 
     PREFECT_API_URL wins; then a running `tfdag stack` under `root` (PREFECT_API_URL is set to it, so workers
-    inherit it); else Prefect will start an ephemeral server, and its database goes to `<root>/prefect/prefect.db`
+    inherit it, and RAY_ADDRESS to the stack's Ray cluster when it has one and RAY_ADDRESS is unset); else Prefect will start an ephemeral server, and its database goes to `<root>/prefect/prefect.db`
     unless a database URL is set already. A Prefect profile with an API URL still applies then (`api_from_profile`).
 
     Args:
@@ -63,10 +65,15 @@ def choose_prefect_api(root: str | os.PathLike[str] = DEFAULT_ROOT,
     """
     if environ.get("PREFECT_API_URL"):
         return PrefectApi("PREFECT_API_URL", environ["PREFECT_API_URL"])
-    stack_url = _running_stack_api(root)
-    if stack_url is not None:
-        environ["PREFECT_API_URL"] = stack_url
-        return PrefectApi("tfdag stack", stack_url)
+    state = _running_stack(root)
+    if state is not None:
+        environ["PREFECT_API_URL"] = state.prefect_api_url
+        ray_address = None
+        if state.ray is not None and not environ.get(RAY_ADDRESS_ENV):
+            # `tfdag stack up --ray N && tfdag run examples/digits_ray.yaml`: train.launcher: ray finds the stack's
+            # cluster as the stack's own worker does.
+            ray_address = environ[RAY_ADDRESS_ENV] = state.ray.address
+        return PrefectApi("tfdag stack", state.prefect_api_url, ray_address=ray_address)
     database = (Path(root) / DATABASE_NAME).resolve()
     if not any(environ.get(name) for name in _DATABASE_ENV):
         database.parent.mkdir(parents=True, exist_ok=True)
