@@ -3,6 +3,7 @@ data and run dir on moto's S3, clear errors before any actor, and nothing of a r
 
 from __future__ import annotations
 
+import contextvars
 import os
 import signal
 import subprocess
@@ -283,7 +284,9 @@ def test_sigkill_of_the_raylet_hosting_worker_1_restarts_on_the_spare_node_with_
         except BaseException as error:  # noqa: BLE001 - re-raised in the test thread
             outcome["error"] = error
 
-    thread = threading.Thread(target=run)
+    # In this test's context: the Prefect settings (the session server's API URL) live in a context variable,
+    # which a new thread would not see (its flow would run on an ephemeral server, with its logs there).
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(run,))
     thread.start()
     deadline = time.monotonic() + 400
     while not list((tmp_path / "out").rglob("ckpt-20*")):  # the chief saved step 20: training is under way
