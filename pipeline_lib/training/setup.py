@@ -54,7 +54,9 @@ def op_determinism_enabled() -> bool:
     """Whether TensorFlow's op determinism is on in this process: set by `train.deterministic` (in this run or an
     earlier one in the same process; TensorFlow offers no public way back) or by the caller. It refuses
     nondeterministic ops, the clock among them."""
-    from tensorflow.python.framework import config as tf_config  # no public reader of the flag (TF 2.21)
+    from tensorflow.python.framework import (
+        config as tf_config,  # no public reader of the flag (TF 2.21)
+    )
 
     return bool(tf_config.is_op_determinism_enabled())
 

@@ -29,7 +29,6 @@ from tests.pipeline_lib.launch_support import (
 )
 
 
-
 def require_prometheus() -> str:
     found = shutil.which("prometheus")
     if found is None:
