@@ -62,19 +62,16 @@ class Fingerprint(BaseModel):
 
 def collect_fingerprint(cluster: ClusterInfo, config_hash: str, data_hash: str,
                         environ: Mapping[str, str] | None = None) -> Fingerprint:
-    """This process's fingerprint (with `TFDAG_PREFLIGHT_OVERRIDE`, which only tests set, applied).
+    """This process's fingerprint, as found (the preflight applies a test's `TFDAG_PREFLIGHT_OVERRIDE` to it).
 
     Args:
         cluster: this task's cluster value.
         config_hash: `PipelineConfig.config_hash()` of the run.
         data_hash: `Manifest.content_hash()` of the dataset.
-        environ: the environment (default os.environ): env report, CUDA_VISIBLE_DEVICES, the override.
-
-    Raises:
-        PreflightError: the test override is not a JSON object of known fields.
+        environ: the environment (default os.environ): env report, CUDA_VISIBLE_DEVICES.
     """
     environ = os.environ if environ is None else environ
-    fingerprint = Fingerprint(
+    return Fingerprint(
         task_type=cluster.task_type,
         task_index=cluster.task_index,
         host=socket.gethostname(),
@@ -89,9 +86,3 @@ def collect_fingerprint(cluster: ClusterInfo, config_hash: str, data_hash: str,
         data_hash=data_hash,
         tf_config=cluster.to_tf_config() if cluster.cluster else "",
     )
-    if environ.get(OVERRIDE_ENV, "").strip():
-        # Test support, imported only when its variable is set.
-        from pipeline_lib.testing.preflight_override import apply_override
-
-        fingerprint = apply_override(fingerprint, environ)
-    return fingerprint

@@ -6,7 +6,7 @@ object only that task applies it (how a whole local `tfdag run` fakes one skewed
 version names (python, tensorflow, keras, protobuf, numpy, tfdag), `config_hash`, `data_hash`, the TF
 build keys (`cuda_version`, `cudnn_version`, ...) and `gpus` (a list of {"device", "name", "memory_mb"}).
 The overridden keys are recorded in the fingerprint's `overrides` and reported as a warning.
-`collect_fingerprint` imports this module only when the variable is set. Never set it outside tests.
+`run_preflight` imports this module only when the variable is set. Never set it outside tests.
 """
 
 from __future__ import annotations
