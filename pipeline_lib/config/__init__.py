@@ -52,6 +52,7 @@ from pipeline_lib.config.run import (  # noqa: F401
 )
 from pipeline_lib.config.train import (  # noqa: F401
     RAY_ADDRESS_ENV,
+    Isolation,
     Launcher,
     ModelConfig,
     RayConfig,

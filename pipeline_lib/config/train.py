@@ -43,6 +43,11 @@ class Launcher(str, enum.Enum):
     RAY = "ray"  # one Ray actor per task on a Ray cluster
 
 
+class Isolation(str, enum.Enum):
+    PROCESS = "process"  # every task its own supervised worker process: watchdog kills, restarts, crash isolation
+    NONE = "none"  # one worker trains in the train task's own process: no process start (demos, notebooks)
+
+
 class RayPlacement(str, enum.Enum):
     SPREAD = "spread"  # one task per node (STRICT_SPREAD)
     PACK = "pack"  # as few nodes as fit (PACK)
@@ -90,6 +95,7 @@ class RayConfig(_Frozen):
 
 class TrainConfig(_Frozen):
     launcher: Launcher = Launcher.LOCAL
+    isolation: Isolation = Isolation.PROCESS
     ray: RayConfig = RayConfig()
     strategy: Strategy = Strategy.AUTO
     cpu_replicas: int | None = Field(None, ge=1)
@@ -140,6 +146,13 @@ class TrainConfig(_Frozen):
         if self.strategy == Strategy.PARAMETER_SERVER and self.workers > 1 and self.parameter_servers < 1:
             raise ValueError(
                 "strategy 'parameter_server' with workers > 1 needs train.parameter_servers ≥ 1"
+            )
+        if self.isolation == Isolation.NONE and (self.workers > 1 or self.parameter_servers
+                                                  or self.launcher != Launcher.LOCAL):
+            raise ValueError(
+                f"train.isolation 'none' trains one worker in the task's own process, but this config asks for "
+                f"{self.workers} worker(s), {self.parameter_servers} parameter server(s) on the "
+                f"'{self.launcher.value}' launcher; set train.isolation: process (the default) for a cluster"
             )
         if self.strategy == Strategy.MULTI_WORKER_MIRRORED and self.parameter_servers:
             raise ValueError("strategy 'multi_worker_mirrored' cannot use parameter servers; set parameter_servers: 0")

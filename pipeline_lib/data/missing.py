@@ -53,7 +53,8 @@ def _missing_mask(column: Column, ctype: ColumnType, num_rows: int) -> np.ndarra
         mask |= empty.to_numpy(zero_copy_only=False)
     elif ctype.dtype == DType.FLOAT32 and num_rows and np.isnan(column.values.min()):
         # NaN already in the source; min() propagates NaN, so columns without one cost one pass, no mask.
-        mask |= np.isnan(column.values)
+        nan = np.isnan(column.values)
+        mask |= nan.reshape(num_rows, -1).any(axis=1)  # a vector: a row with a NaN element
     return mask
 
 
@@ -65,6 +66,10 @@ def _fill(column: Column, ctype: ColumnType, mask: np.ndarray) -> Column:
         values = pc.if_else(pa.array(mask), pa.scalar(b"", column.values.type), column.values)
     else:
         values = np.array(column.values, copy=True)
+        if ctype.shape:
+            # A vector keeps the elements it has: its NaN ones are filled inside the model, element by element.
+            # Only a cell missing whole (null) becomes all NaN.
+            mask = mask & ~np.isnan(values).reshape(len(mask), -1).any(axis=1)
         values[mask] = np.nan if ctype.dtype == DType.FLOAT32 else MISSING_INT64
     return Column(values, bad, reasons)
 
@@ -78,15 +83,16 @@ def _mark(column: Column, mask: np.ndarray) -> None:
 
 def apply_missing(data: DataConfig, types: dict[str, ColumnType], columns: dict[str, Column],
                   num_rows: int) -> MissingRows:
-    """Impute, or mark to skip or fail, the missing values of every scalar feature of one chunk, in place.
-
-    Vector features are left alone: a vector with a missing element is a bad record.
+    """Impute, or mark to skip or fail, the missing values of every scalar and float vector feature of one chunk,
+    in place. A float vector's row is missing when an element is NaN: `impute` keeps the row (the model fills
+    each NaN element), `skip` and `fail` act on the row. Other vector features are left alone: a missing
+    element there is a bad record.
     """
     rows = MissingRows(np.zeros(num_rows, dtype=bool), np.zeros(num_rows, dtype=bool))
     skipped: dict[str, np.ndarray] = {}  # column → its rows missing under `missing: skip`
     for name in list(columns):
         ctype = types[name]
-        if ctype.shape:
+        if ctype.shape and ctype.dtype != DType.FLOAT32:
             continue
         mask = _missing_mask(columns[name], ctype, num_rows)
         if not mask.any():

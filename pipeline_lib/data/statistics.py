@@ -133,6 +133,14 @@ def bucket_key(values: np.ndarray) -> np.ndarray:
     return np.where(bits >> np.uint32(31) == 1, -magnitude - 1, magnitude)
 
 
+def bucket_start(key: int) -> float:
+    """A sketch bucket's end nearest zero: exactly the value of every number with few mantissa bits (small
+    integers, halves, quarters) that fell in it."""
+    magnitude = key if key >= 0 else -key - 1
+    start = float(np.array([magnitude << SKETCH_SHIFT], dtype=np.uint32).view(np.float32)[0])
+    return start if key >= 0 else -start
+
+
 def bucket_value(key: int) -> float:
     """The middle of a sketch bucket."""
     magnitude = key if key >= 0 else -key - 1

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pipeline_lib.cluster.info import ClusterInfo
@@ -101,13 +101,18 @@ class TaskProcess:
         return describe_exit(code)
 
     def traceback_tail(self, max_lines: int = 25) -> str:
-        lines = list(self.tail)
-        start = max((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")),
-                    default=max(0, len(lines) - max_lines))
-        lines = lines[start:]
-        if len(lines) > max_lines:
-            lines = [lines[0], "  ..."] + lines[-(max_lines - 2):]
-        return "\n".join(lines)
+        return traceback_tail(self.tail, max_lines)
+
+
+def traceback_tail(output: Iterable[str], max_lines: int = 25) -> str:
+    """A task's last output lines, from its last traceback when there is one, at most `max_lines`."""
+    lines = list(output)
+    start = max((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")),
+                default=max(0, len(lines) - max_lines))
+    lines = lines[start:]
+    if len(lines) > max_lines:
+        lines = [lines[0], "  ..."] + lines[-(max_lines - 2):]
+    return "\n".join(lines)
 
 
 def worker_env(task: TaskSpec, extra_env: Mapping[str, str]) -> dict[str, str]:

@@ -24,8 +24,9 @@ import logging
 import os
 import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from pipeline_lib.core.quiet import import_tensorflow
@@ -75,11 +76,12 @@ class WorkerHooks(TrainHooks):
     """The training loop's hooks in a worker: heartbeats with the phase, optional faults (tests), SIGTERM as a stop."""
 
     def __init__(self, heartbeat: Heartbeat | None, faults: FaultHooks | None = None,
-                 metrics: TaskMetrics | None = None):
+                 metrics: TaskMetrics | None = None, stop: threading.Event | None = None):
         self.heartbeat = heartbeat
         self.faults = faults
         self.metrics = metrics
         self.preempted = False
+        self.stop = stop  # in-process training: the launcher's stop request, in place of SIGTERM
 
     def on_execution(self, execution: Execution) -> None:
         if self.metrics is not None:
@@ -116,7 +118,7 @@ class WorkerHooks(TrainHooks):
             self.faults.on_phase(RESULT_FAULT_POINT, step)
 
     def stop_requested(self) -> bool:
-        return self.preempted
+        return self.preempted or (self.stop is not None and self.stop.is_set())
 
     def install_sigterm(self) -> None:
         """SIGTERM sets the stop request: the loop saves a coordinated checkpoint at the next step boundary."""
@@ -190,10 +192,17 @@ def is_server_task(config: PipelineConfig, cluster: ClusterInfo) -> bool:
     return config.train.uses_parameter_server(cluster.has_ps) and cluster.has_ps and cluster.task_type in ("ps", "worker")
 
 
-def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None) -> int:
-    """Run one task of the cluster to completion and return its exit code (see the module docstring)."""
+def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None, *, config: PipelineConfig | None = None,
+               stop: threading.Event | None = None) -> int:
+    """Run one task of the cluster to completion and return its exit code (see the module docstring).
+
+    In a worker process `cluster` comes from TF_CONFIG and `config` from the spec. Training in the caller's
+    own process (`train.isolation: none`, `launch.in_process`) passes both, with `stop` for the launcher's
+    stop request: no SIGTERM handler (Python allows one only on the main thread) and no fault injection.
+    """
+    in_process = stop is not None
     cluster = cluster if cluster is not None else cluster_from_env()
-    config = spec.pipeline_config()
+    config = config if config is not None else spec.pipeline_config()
     # Before any TensorFlow op: logical devices cannot be split once the runtime is up.
     strategies.configure_devices(config.train)
     # STARTING from here to the first step: the watchdog gives it hang_timeout_s plus the startup allowance.
@@ -214,11 +223,13 @@ def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None) -> int:
         order = [(t, i) for t in ("chief", "worker", "ps") for i in range(len(cluster.cluster.get(t, ())))]
         offset = order.index((cluster.task_type, cluster.task_index)) if order else 0
         start_profiler_server(config.observability.profiler_port + offset)
-    hooks = WorkerHooks(heartbeat, _create_fault_hooks(spec, config, cluster), metrics)
+    faults = None if in_process else _create_fault_hooks(spec, config, cluster)
+    hooks = WorkerHooks(heartbeat, faults, metrics, stop=stop)
     choice = strategies.create_strategy(config.train, cluster)
-    # After the strategy: MultiWorkerMirrored's coordination service installs a C++ SIGTERM notifier
-    # that would otherwise replace Python's handler.
-    hooks.install_sigterm()
+    if not in_process:
+        # After the strategy: MultiWorkerMirrored's coordination service installs a C++ SIGTERM notifier
+        # that would otherwise replace Python's handler.
+        hooks.install_sigterm()
     sink = create_sink(spec.mlflow_run_id if config.tracking.enabled else None, config.mlflow_uri,
                        is_chief=cluster.is_chief)
     sink = EvalOnHeartbeat(sink, heartbeat)
@@ -247,15 +258,23 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     _die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     quiet_python_loggers()
+    return exit_code(lambda: run_worker(load_spec(args.spec)), _to_stderr)
+
+
+def _to_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def exit_code(body: Callable[[], int], report: Callable[[str], None]) -> int:
+    """`body()`'s exit code, or the exit code of the exception it raised, told to `report` in text (see the
+    module docstring): a UserError as one line naming the value and the fix, anything else as its traceback."""
     try:
-        spec = load_spec(args.spec)
-        return run_worker(spec)
+        return body()
     except UserError as error:  # the input is wrong: one line naming the value and the fix, no traceback
-        print(USER_ERROR_PREFIX + " ".join(str(error).split()), file=sys.stderr, flush=True)
+        report(USER_ERROR_PREFIX + " ".join(str(error).split()))
         return USER_ERROR_EXIT_CODE
     except Exception:  # noqa: BLE001 - every other exception is reported the same way: traceback, exit 1
-        traceback.print_exc(file=sys.stderr)
-        sys.stderr.flush()
+        report(traceback.format_exc().rstrip("\n"))
         return 1
 
 

@@ -65,7 +65,8 @@ def configure_devices(train: TrainConfig) -> None:
             return
         raise StrategyError(
             f"train.cpu_replicas ({wanted}) needs {wanted} logical CPU devices but TensorFlow is already "
-            f"initialised with {have}; call configure_devices() at process start, before any TensorFlow op"
+            f"initialised with {have} in this process; with train.isolation: none the training shares the task's "
+            f"process, so set train.isolation: process (or call configure_devices() before any TensorFlow op)"
         ) from error
     logger.info("split the CPU into %d logical devices", wanted)
 

@@ -51,7 +51,7 @@ def test_drift_stops_the_pipeline_before_training_and_an_allowed_anomaly_trains(
     client = MlflowClient(tracking_uri=config.mlflow_uri)
     logged = {f.path for f in client.list_artifacts(first.mlflow_run_id, "data")}
     assert {"data/statistics.json", "data/schema.json", "data/statistics.md"} <= logged
-    assert "data/histograms/proline.png" in {f.path for f in client.list_artifacts(first.mlflow_run_id,
+    assert "data/histograms/proline.svg" in {f.path for f in client.list_artifacts(first.mlflow_run_id,
                                                                                      "data/histograms")}
     assert _validate_data(config_path).returncode == 0  # the same data: no anomaly
 

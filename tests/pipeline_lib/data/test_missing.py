@@ -197,3 +197,61 @@ def test_a_nan_label_is_never_imputed(tmp_path, fmt):
     statistics = load_statistics(manifest)
     assert "y" not in statistics.imputation
     assert sum(statistics.feature("y", split).missing for split in ("train", "eval")) == 0
+
+
+# --- NaN elements of a float vector column --------------------------------------------------------------------
+
+def _vector_columns() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(7)
+    v = rng.normal(10.0, 3.0, size=(NUM_NAN_ROWS, 4)).astype(np.float32)
+    v[5, 1] = v[40, 3] = v[41, 0] = v[41, 2] = np.nan  # rows 6, 41 and 42 (1-based): some elements missing
+    return {"id": np.arange(NUM_NAN_ROWS), "v": v, "y": rng.integers(0, 2, size=NUM_NAN_ROWS)}
+
+
+def _write_vector_source(tmp_path, fmt: str, columns: dict[str, np.ndarray]) -> str:
+    path = tmp_path / f"vectors.{fmt}"
+    if fmt == "parquet":
+        vectors = pa.FixedSizeListArray.from_arrays(pa.array(columns["v"].reshape(-1)), columns["v"].shape[1])
+        pq.write_table(pa.table({"id": columns["id"], "v": vectors, "y": columns["y"]}), path)
+    else:
+        np.savez(path, **columns)
+    return str(path)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "npz"])
+def test_nan_elements_of_a_vector_are_imputed_element_by_element_by_default(tmp_path, fmt):
+    columns = _vector_columns()
+    manifest = convert(DataConfig(source=_write_vector_source(tmp_path, fmt, columns), label="y",
+                                  read_chunk_rows=128), str(tmp_path / "out"))
+    assert manifest.num_bad_records == 0
+    written = {split: read_all(manifest, split) for split in ("train", "eval")}
+    statistics = load_statistics(manifest)
+    for split, rows in written.items():
+        vectors = np.stack(rows["v"]).astype(np.float32)
+        assert statistics.feature("v", split).numeric.missing == int(np.isnan(vectors).sum())
+        # Written as the source holds them: the NaN elements only, the row's other elements kept.
+        assert np.array_equal(vectors, columns["v"][rows["id"]], equal_nan=True)
+    # The model's numeric matrix: each feature's columns in schema order, the vector's four among them.
+    specs = input_pipeline.numeric_features(manifest.feature_schema)
+    rows = written["train"]
+    x = np.concatenate([np.stack(rows[spec.name]).reshape(len(rows["id"]), -1).astype(np.float32)
+                        for spec in specs], axis=1)
+    imputed = np.asarray(Impute(numeric_constants(manifest.feature_schema, statistics)[0])(x))
+    train = np.stack(rows["v"]).astype(np.float32)
+    start = [spec.name for spec in specs].index("v")  # id (one column) comes first
+    vector = imputed[:, start:start + 4]
+    holes = np.isnan(train)
+    assert holes.any() and not np.isnan(imputed).any()
+    assert np.allclose(vector[holes], np.nanmean(train.astype(np.float64)), rtol=1e-6)
+    assert np.array_equal(vector[~holes], train[~holes])
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "npz"])
+def test_a_vector_with_a_nan_element_fails_or_is_skipped_as_data_missing_says(tmp_path, fmt):
+    source = _write_vector_source(tmp_path, fmt, _vector_columns())
+    with pytest.raises(ConversionError, match=rf"vectors.{fmt} row 6, column 'v': .* is missing.*data.missing"):
+        convert(DataConfig(source=source, label="y", missing="fail"), str(tmp_path / "fail"))
+    manifest = convert(DataConfig(source=source, label="y", missing="skip"), str(tmp_path / "skip"))
+    assert manifest.num_bad_records == 3
+    kept = np.concatenate([read_all(manifest, split)["id"] for split in ("train", "eval")])
+    assert sorted(set(range(NUM_NAN_ROWS)) - set(kept.tolist())) == [5, 40, 41]
