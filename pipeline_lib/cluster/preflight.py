@@ -31,7 +31,11 @@ import time
 from pipeline_lib.cluster.address import split_address
 from pipeline_lib.cluster.board import Board, claim, read_fingerprint, wait_for
 from pipeline_lib.cluster.comparison import describe_mismatch, soft_warnings
-from pipeline_lib.cluster.fingerprint import OVERRIDE_ENV, Fingerprint, collect_fingerprint
+from pipeline_lib.cluster.fingerprint import (
+    OVERRIDE_ENV,
+    Fingerprint,
+    collect_fingerprint,
+)
 from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.cluster.preflight_report import PreflightError, PreflightReport
 from pipeline_lib.cluster.reachability import Listener, check_peers

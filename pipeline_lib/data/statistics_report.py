@@ -79,8 +79,8 @@ _FONT = 'font-family="sans-serif" font-size="11"'
 
 def _svg(title: str, body: list[str]) -> str:
     return "\n".join([
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{_HEIGHT}" '
-        f'viewBox="0 0 {_WIDTH} {_HEIGHT}">',
+        (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{_HEIGHT}" '
+         f'viewBox="0 0 {_WIDTH} {_HEIGHT}">'),
         f'<rect width="{_WIDTH}" height="{_HEIGHT}" fill="white"/>',
         f'<text x="{_WIDTH / 2}" y="18" text-anchor="middle" {_FONT} font-weight="bold">{escape(title)}</text>',
         *body,
@@ -107,8 +107,8 @@ def histogram_svg(name: str, feature: FeatureStatistics) -> str | None:
                         f'y="{_BOTTOM - height:.1f}" width="{bar * 0.9:.1f}" height="{height:.1f}" fill="#4878a8"/>')
         body += [f'<text x="{_LEFT}" y="{_BOTTOM + 15}" text-anchor="middle" {_FONT}>{_number(edges[0])}</text>',
                  f'<text x="{_RIGHT}" y="{_BOTTOM + 15}" text-anchor="middle" {_FONT}>{_number(edges[-1])}</text>',
-                 f'<text x="{(_LEFT + _RIGHT) / 2}" y="{_BOTTOM + 32}" text-anchor="middle" {_FONT}>'
-                 f'{escape(name)}</text>',
+                 (f'<text x="{(_LEFT + _RIGHT) / 2}" y="{_BOTTOM + 32}" text-anchor="middle" {_FONT}>'
+                  f'{escape(name)}</text>'),
                  f'<text x="{_LEFT - 4}" y="{_TOP + 4}" text-anchor="end" {_FONT}>{tallest}</text>',
                  f'<text x="{_LEFT - 4}" y="{_BOTTOM}" text-anchor="end" {_FONT}>0</text>']
     else:
@@ -121,8 +121,8 @@ def histogram_svg(name: str, feature: FeatureStatistics) -> str | None:
             y = _TOP + i * row
             length = (_RIGHT - _LEFT) * count / tallest
             label = value if len(value) <= 12 else value[:11] + "…"
-            body += [f'<rect class="bar" data-count="{count}" x="{_LEFT}" y="{y:.1f}" width="{length:.1f}" '
-                     f'height="{row * 0.8:.1f}" fill="#4878a8"/>',
+            body += [(f'<rect class="bar" data-count="{count}" x="{_LEFT}" y="{y:.1f}" width="{length:.1f}" '
+                      f'height="{row * 0.8:.1f}" fill="#4878a8"/>'),
                      f'<text x="{_LEFT - 4}" y="{y + row * 0.6:.1f}" text-anchor="end" {_FONT}>{escape(label)}</text>']
         body += [f'<text x="{_RIGHT}" y="{_BOTTOM + 15}" text-anchor="end" {_FONT}>{tallest} rows</text>']
     return _svg(title, body)

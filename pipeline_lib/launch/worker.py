@@ -238,8 +238,9 @@ def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None, *, config: 
         with system_metrics(run_id, config.mlflow_uri, is_chief=cluster.is_chief):
             result = training.train(config, manifest, spec.plan, spec.run_dir, cluster=cluster, metrics_sink=sink,
                                     hooks=hooks, strategy_choice=choice)
-    except TrainingInterrupted as stop:
-        print(f"tfdag worker | {cluster.name} preempted at step {stop.step}; checkpoint {stop.checkpoint_path}; "
+    except TrainingInterrupted as interrupted:
+        print(f"tfdag worker | {cluster.name} preempted at step {interrupted.step}; checkpoint "
+              f"{interrupted.checkpoint_path}; "
               f"exiting with {PREEMPTION_EXIT_CODE} (retryable)", flush=True)
         return PREEMPTION_EXIT_CODE
     hooks.before_result(result.final_step)

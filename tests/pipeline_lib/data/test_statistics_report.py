@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ElementTree
+from xml.etree import ElementTree
 
 import numpy as np
 import pyarrow as pa
@@ -10,7 +10,11 @@ import pyarrow as pa
 from pipeline_lib.data.accumulators import NumericAccumulator, StringAccumulator
 from pipeline_lib.data.schema import DType
 from pipeline_lib.data.statistics import FeatureStatistics
-from pipeline_lib.data.statistics_report import NUM_HISTOGRAM_BINS, histogram_counts, histogram_svg
+from pipeline_lib.data.statistics_report import (
+    NUM_HISTOGRAM_BINS,
+    histogram_counts,
+    histogram_svg,
+)
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -45,7 +45,8 @@ def test_one_worker_trains_in_this_process_with_progress_and_result(tmp_path, da
     progress, logs = [], LogCapture()
     result = launch_training(config, dataset, plan, run_dir, log_fn=logs, on_progress=progress.append)
     assert result.final_step == 60 and result.num_restarts == 0
-    assert json.loads(open(os.path.join(run_dir, RESULT_NAME)).read())["final_step"] == 60
+    with open(os.path.join(run_dir, RESULT_NAME)) as handle:
+        assert json.load(handle)["final_step"] == 60
     assert checkpoints.latest_valid(os.path.join(run_dir, "checkpoints")).step == 60
     # No worker process: the heartbeat the supervisor followed was written by this process.
     assert_no_orphans(timeout_s=0.1)
