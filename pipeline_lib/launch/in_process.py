@@ -23,13 +23,16 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline_lib.config import PipelineConfig
-from pipeline_lib.launch import worker
+from pipeline_lib.data.manifest import Manifest
+from pipeline_lib.launch import local, worker
 from pipeline_lib.launch.errors import WorkerFailed
 from pipeline_lib.launch.exits import describe_exit
 from pipeline_lib.launch.heartbeat import heartbeat_name, read_heartbeat
 from pipeline_lib.launch.local import plan_tasks
 from pipeline_lib.launch.processes import TAIL_LINES, TaskSpec, traceback_tail
 from pipeline_lib.launch.spec import WorkerSpec
+from pipeline_lib.planning.sharding import ShardPlan
+from pipeline_lib.training.results import TrainResult
 
 # How long a stop request may take to reach the loop's next step boundary before the task counts as left running.
 STOP_GRACE_S = 30.0
@@ -113,3 +116,11 @@ class InProcessGroup:
 
     def close(self) -> None:
         pass
+
+
+def launch_training(config: PipelineConfig, manifest: Manifest, plan: ShardPlan, run_dir: str,
+                    **options: Any) -> TrainResult:
+    """The local launcher's `launch_training` (the same keyword options, see `launch.launchers`) with the one
+    worker on a thread of this process."""
+    return local.launch_training(config, manifest, plan, run_dir, make_group=lambda spec: InProcessGroup(spec, config),
+                                 **options)

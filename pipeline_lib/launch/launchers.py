@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 
-from pipeline_lib.config import Launcher, PipelineConfig
+from pipeline_lib.config import Isolation, Launcher, PipelineConfig
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.launch.supervisor import TrainProgress
 from pipeline_lib.planning.sharding import ShardPlan
@@ -20,6 +20,8 @@ LAUNCHERS: dict[Launcher, str] = {
     Launcher.LOCAL: "pipeline_lib.launch.local",
     Launcher.RAY: "pipeline_lib.launch.ray_launcher",
 }
+# `train.isolation: none` (one local worker, validated by TrainConfig): the local launcher over a thread.
+IN_PROCESS = "pipeline_lib.launch.in_process"
 
 
 def launch_training(
@@ -34,7 +36,9 @@ def launch_training(
     env: Mapping[str, str] | None = None,
     on_progress: Callable[[TrainProgress], None] | None = None,
 ) -> TrainResult:
-    """Train with the launcher `config.train.launcher` names and return the chief's TrainResult."""
-    module = importlib.import_module(LAUNCHERS[config.train.launcher])
+    """Train with the launcher `config.train.launcher` names (in this process with `train.isolation: none`) and
+    return the chief's TrainResult."""
+    name = IN_PROCESS if config.train.isolation == Isolation.NONE else LAUNCHERS[config.train.launcher]
+    module = importlib.import_module(name)
     return module.launch_training(config, manifest, plan, run_dir, mlflow_run_id=mlflow_run_id, log_fn=log_fn,
                                   on_restart=on_restart, env=env, on_progress=on_progress)

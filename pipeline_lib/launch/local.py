@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 
 from pipeline_lib.cluster.info import ClusterInfo
-from pipeline_lib.config import Isolation, PipelineConfig
+from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core.net import LOOPBACK, free_ports
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.launch.errors import (
@@ -252,11 +252,12 @@ def launch_training(
     on_restart: Callable[[int, str], None] | None = None,
     env: Mapping[str, str] | None = None,
     on_progress: Callable[[TrainProgress], None] | None = None,
+    make_group: Callable[[WorkerSpec], TaskGroup] | None = None,
 ) -> TrainResult:
     """Train `config` on `manifest` under `plan`: start the local cluster, supervise it, return the chief's result.
 
-    The train stage's entry point: the same worker processes a cluster would run, one per task; with
-    `train.isolation: none`, the one worker on a thread of this process (`launch.in_process`).
+    The train stage's entry point: the same worker processes a cluster would run, one per task; `make_group`
+    replaces them (`launch.in_process` passes its one-thread group).
     """
     heartbeat_dir = tempfile.mkdtemp(prefix="tfdag-heartbeats-")
     values, secret_env = config.for_process()
@@ -268,12 +269,7 @@ def launch_training(
         mlflow_run_id=mlflow_run_id,
         heartbeat_dir=heartbeat_dir,
     )
-    group = None
-    if config.train.isolation == Isolation.NONE:
-        # Imported only here: it loads TensorFlow into this process, which then trains.
-        from pipeline_lib.launch.in_process import InProcessGroup
-
-        group = InProcessGroup(spec, config)
+    group = make_group(spec) if make_group is not None else None
     try:
         # A literal secret of the config reaches the workers in their environment, never in the spec file.
         return launch(spec, config, log_fn=log_fn, on_restart=on_restart, env={**secret_env, **(env or {})},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -47,8 +48,15 @@ def test_bad_rows_in_jsonl_and_parquet(tmp_path):
         convert(DataConfig(source=str(path), label="y"), str(tmp_path / "out"))
     assert "d.jsonl line 3" in str(error.value) and "column 'v'" in str(error.value)
     assert "[3.0]" in str(error.value) and "length 2" in str(error.value)
-    manifest = convert(DataConfig(source=str(path), label="y", on_bad_record="skip"), str(tmp_path / "o"))
+    manifest = convert(DataConfig(source=str(path), label="y", on_bad_record="skip", missing="skip"),
+                       str(tmp_path / "o"))
     assert manifest.num_bad_records == 3 and manifest.feature_schema.num_classes == 3
+    # By default (data.missing: impute) the row without "v" is a missing value, not a bad record: written as NaN.
+    imputed = convert(DataConfig(source=str(path), label="y", on_bad_record="skip"), str(tmp_path / "imputed"))
+    assert imputed.num_bad_records == 2
+    rows = {split: read_all(imputed, split) for split in ("train", "eval")}
+    vectors = np.concatenate([np.stack(r["v"]).reshape(-1, 2) for r in rows.values() if len(r["y"])])
+    assert np.isnan(vectors).all(axis=1).sum() == 1 and np.isnan(vectors).any(axis=1).sum() == 1
 
     pq.write_table(pa.table({"a": pa.array([1.0, None, 3.0]), "y": pa.array([0, 1, -1])}), tmp_path / "p.parquet")
     with pytest.raises(ConversionError) as error:

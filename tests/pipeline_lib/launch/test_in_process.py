@@ -13,7 +13,7 @@ from pipeline_lib.checkpoints import manifests as checkpoints
 from pipeline_lib.config import ConfigError, Isolation
 from pipeline_lib.launch.errors import WorkerFailed, WorkerInputError
 from pipeline_lib.launch.in_process import InProcessGroup, ThreadTask
-from pipeline_lib.launch.local import launch_training
+from pipeline_lib.launch.launchers import launch_training
 from pipeline_lib.launch.spec import PREEMPTION_EXIT_CODE, RESULT_NAME
 from tests.pipeline_lib.launch_support import (
     LogCapture,
