@@ -133,20 +133,23 @@ def bucket_key(values: np.ndarray) -> np.ndarray:
     return np.where(bits >> np.uint32(31) == 1, -magnitude - 1, magnitude)
 
 
+def _magnitude_start(magnitude: int) -> float:
+    """The float32 whose top bits are `magnitude` and whose other bits are zero: a bucket's end nearest zero."""
+    return float(np.array([magnitude << SKETCH_SHIFT], dtype=np.uint32).view(np.float32)[0])
+
+
 def bucket_start(key: int) -> float:
     """A sketch bucket's end nearest zero: exactly the value of every number with few mantissa bits (small
     integers, halves, quarters) that fell in it."""
-    magnitude = key if key >= 0 else -key - 1
-    start = float(np.array([magnitude << SKETCH_SHIFT], dtype=np.uint32).view(np.float32)[0])
+    start = _magnitude_start(key if key >= 0 else -key - 1)
     return start if key >= 0 else -start
 
 
 def bucket_value(key: int) -> float:
     """The middle of a sketch bucket."""
     magnitude = key if key >= 0 else -key - 1
-    low = np.array([magnitude << SKETCH_SHIFT], dtype=np.uint32).view(np.float32)[0]
-    high = np.array([(magnitude + 1) << SKETCH_SHIFT], dtype=np.uint32).view(np.float32)[0]
-    middle = (float(low) + float(high)) / 2 if math.isfinite(float(high)) else float(low)
+    low, high = _magnitude_start(magnitude), _magnitude_start(magnitude + 1)
+    middle = (low + high) / 2 if math.isfinite(high) else low
     return middle if key >= 0 else -middle
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import os
-import shutil
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +27,6 @@ from pipeline_lib.launch import local, worker
 from pipeline_lib.launch.errors import WorkerFailed
 from pipeline_lib.launch.exits import describe_exit
 from pipeline_lib.launch.heartbeat import heartbeat_name, read_heartbeat
-from pipeline_lib.launch.local import plan_tasks
 from pipeline_lib.launch.processes import TAIL_LINES, TaskSpec, traceback_tail
 from pipeline_lib.launch.spec import WorkerSpec
 from pipeline_lib.planning.sharding import ShardPlan
@@ -103,9 +101,7 @@ class InProcessGroup:
                 f"{STOP_GRACE_S:g} s of the request, so it cannot be restarted beside itself; set "
                 "train.isolation: process to have a hung worker killed and restarted",
                 task=self.current.task.name, exit_code=-1, tail=self.current.traceback_tail())
-        shutil.rmtree(self.spec.heartbeat_dir, ignore_errors=True)
-        os.makedirs(self.spec.heartbeat_dir, exist_ok=True)
-        return plan_tasks(self.config)
+        return local.plan_attempt(self.spec, self.config)
 
     def start(self, task: TaskSpec, log_fn: Callable[[str], None], log_lock: threading.Lock) -> ThreadTask:
         self.current = ThreadTask(task, self.spec, self.config, log_fn, log_lock)

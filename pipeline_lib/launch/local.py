@@ -92,6 +92,14 @@ def plan_tasks(config: PipelineConfig, host: str = LOOPBACK) -> list[TaskSpec]:
             for i in range(train.workers)]
 
 
+def plan_attempt(spec: WorkerSpec, config: PipelineConfig) -> list[TaskSpec]:
+    """The tasks of the next local attempt, with an empty heartbeat directory: a previous attempt's heartbeat
+    would pass for this one's progress."""
+    shutil.rmtree(spec.heartbeat_dir, ignore_errors=True)
+    os.makedirs(spec.heartbeat_dir, exist_ok=True)
+    return plan_tasks(config)
+
+
 class LocalGroup:
     """The local launcher's `TaskGroup`: each task a worker process on this machine, heartbeats in a local dir."""
 
@@ -103,10 +111,7 @@ class LocalGroup:
         self.spec_path = write_spec(spec, self.work_dir)
 
     def plan_attempt(self) -> list[TaskSpec]:
-        # A previous attempt's heartbeat would pass for this one's progress.
-        shutil.rmtree(self.spec.heartbeat_dir, ignore_errors=True)
-        os.makedirs(self.spec.heartbeat_dir, exist_ok=True)
-        return plan_tasks(self.config)
+        return plan_attempt(self.spec, self.config)
 
     def start(self, task: TaskSpec, log_fn: Callable[[str], None], log_lock: threading.Lock) -> TaskProcess:
         return start_worker(task, self.spec_path, self.extra_env, log_fn, log_lock,

@@ -17,7 +17,7 @@ import pytest
 
 from pipeline_lib.launch.ray_launcher import launch_on_ray
 from tests.pipeline_lib.launch import test_fault_matrix as matrix
-from tests.pipeline_lib.launch.test_fault_matrix import dataset  # noqa: F401 - the matrix's data, a fixture
+from tests.pipeline_lib.launch.conftest import dataset  # noqa: F401 - the matrix's data, a fixture
 from tests.pipeline_lib.launch_support import make_config
 from tests.ray.conftest import RAY_IP
 

@@ -41,18 +41,12 @@ from tests.pipeline_lib.launch_support import (
     make_config,
     make_spec,
     plan_for,
-    write_dataset_on_disk,
 )
 
 pytestmark = pytest.mark.slow
 
 TOTAL_STEPS = 30
 HANG_TIMEOUT_S = 5.0
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return write_dataset_on_disk(str(tmp_path_factory.mktemp("fault_matrix_data")), num_train=512, num_eval=64)
 
 
 class Harness:

@@ -21,13 +21,7 @@ from tests.pipeline_lib.launch_support import (
     make_config,
     make_spec,
     plan_for,
-    write_dataset_on_disk,
 )
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return write_dataset_on_disk(str(tmp_path_factory.mktemp("in_process_data")), num_train=512, num_eval=64)
 
 
 def test_isolation_none_is_refused_for_anything_but_one_local_worker(tmp_path):

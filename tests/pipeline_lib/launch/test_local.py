@@ -25,13 +25,7 @@ from tests.pipeline_lib.launch_support import (
     make_config,
     make_spec,
     plan_for,
-    write_dataset_on_disk,
 )
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return write_dataset_on_disk(str(tmp_path_factory.mktemp("launch_data")), num_train=512, num_eval=64)
 
 
 @pytest.fixture(autouse=True)
