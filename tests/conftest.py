@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The suite's own cache root (staged shards and the like), new for every test process: no test reads what an earlier
+# session left under ~/.cache/tfdag. Servers and workers started by the tests inherit it.
+os.environ.setdefault("TFDAG_CACHE_DIR", tempfile.mkdtemp(prefix="tfdag-test-cache-"))
 
 import numpy as np
 import pytest
@@ -134,3 +139,35 @@ def tiny_manifest(tmp_path) -> Manifest:
 def shared_manifest(tmp_path_factory) -> Manifest:
     """Like tiny_manifest but written once per session (read-only use)."""
     return write_dataset(str(tmp_path_factory.mktemp("shared_data")), num_train=512, num_eval=128)
+
+
+# --- how the suite is scheduled -----------------------------------------------------------------------------------
+
+# `make test` runs the suite in two pytest-xdist processes with `--dist loadgroup`. A session fixture is made once
+# per process, so the tests sharing an expensive one go to the same process: the fixture names the group.
+XDIST_GROUP_OF_FIXTURE = {
+    "ray_cluster": "ray",  # one Ray cluster on 127.0.0.2 (tests/ray/conftest.py)
+    "retrain_scenario": "retrain",  # the retrain deployment's first run (tests/flows/conftest.py)
+    "digits_run": "digits_run",  # the shared blessed digits run (tests/flows/conftest.py)
+}
+# TFDAG_TEST_ORDER=reverse, or random:SEED, runs the tests in another order: the suite must pass in any order (no
+# test may depend on what an earlier one left in a shared fixture). Every xdist process collects the same order.
+ORDER_ENV = "TFDAG_TEST_ORDER"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        groups = {XDIST_GROUP_OF_FIXTURE[name] for name in getattr(item, "fixturenames", ())
+                  if name in XDIST_GROUP_OF_FIXTURE}
+        if len(groups) > 1:
+            raise pytest.UsageError(f"{item.nodeid} uses fixtures of the xdist groups {sorted(groups)}: one test "
+                                    "process cannot hold both; give the fixtures one group in XDIST_GROUP_OF_FIXTURE")
+        if groups and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(groups.pop()))
+    order = os.environ.get(ORDER_ENV, "")
+    if order == "reverse":
+        items.reverse()
+    elif order.startswith("random:"):
+        random.Random(order.removeprefix("random:")).shuffle(items)
+    elif order:
+        raise pytest.UsageError(f"{ORDER_ENV}={order!r}: use 'reverse' or 'random:SEED'")
