@@ -39,9 +39,9 @@ class ModelConfig(_Frozen):
         return value
 
 
+# `train.launcher`: the values a config may name; `launch.launchers` maps each to its module. (A comment, not a
+# docstring: the docstring would change the config's JSON schema, Prefect's parameter form.)
 class Launcher(str, enum.Enum):
-    """`train.launcher`: the values a config may name; `launch.launchers` maps each to its module."""
-
     LOCAL = "local"  # worker processes on this machine
     RAY = "ray"  # one Ray actor per task on a Ray cluster
 

@@ -43,7 +43,8 @@ DEFAULT_OPTIONS = LaunchOptions()  # untracked, every line printed
 
 @runtime_checkable
 class Launcher(Protocol):
-    """What a launcher module provides (a module satisfies a Protocol through its module-level names).
+    """What a launcher module provides (a module satisfies a Protocol through its module-level names). Not to be
+    confused with `config.Launcher`, the enum of the values `train.launcher` accepts.
 
     Attributes:
         name: the launcher's name: its `train.launcher` value (`in_process`: `train.isolation: none`).

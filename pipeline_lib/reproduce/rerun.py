@@ -80,7 +80,8 @@ class ReproduceOutcome:
                    f"weights within --tolerance {self.tolerance:g} (largest difference "
                    f"{max(self.differences.values(), default=0.0):.3g})")
             lines.append(f"reproduced run {self.run_id}: {how}, {self.num_variables} variable(s) at step "
-                         f"{self.export_step} ({self.strategy}, {self.num_workers} worker(s), {self.launcher} launcher)")
+                         f"{self.export_step} ({self.strategy}, {self.num_workers} worker(s)) on the {self.launcher} "
+                         "launcher")
         else:
             bound = "are not bit-identical" if self.tolerance is None else f"differ by more than {self.tolerance:g}"
             lines.append(f"NOT reproduced: the weights of run {self.run_id} at step {self.export_step} {bound}; "
