@@ -1,8 +1,8 @@
 """The launcher registry: the one place that names the launcher modules and picks one for a config.
 
 Each module satisfies `launch.protocol.Launcher`. A module is imported only when a config names it, so the local
-launcher never imports Ray. A new launcher is one new module and one line in `LAUNCHERS` (docs/architecture.md,
-"Adding a launcher").
+launcher never imports Ray. A new launcher is one new module and one line in `LAUNCHERS`, with its name in
+`config.Launcher` (the values `train.launcher` accepts; see docs/architecture.md, "Adding a launcher").
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def get_launcher(name: str) -> Launcher:
     """
     if name not in LAUNCHERS:
         raise LookupError(f"no launcher {name!r} is registered in pipeline_lib.launch.launchers.LAUNCHERS "
-                       f"(registered: {', '.join(sorted(LAUNCHERS))}); add its module there")
+                          f"(registered: {', '.join(sorted(LAUNCHERS))}); add its module there")
     return importlib.import_module(LAUNCHERS[name])
 
 
