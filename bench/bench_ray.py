@@ -82,7 +82,7 @@ def _run(launcher: str, root: str, manifest, steps: int, address: str | None) ->
     log = _Log()
     start = time.monotonic()
     launchers.launch_training(config, manifest, plan, os.path.join(root, launcher, f"run-{time.time_ns()}"),
-                              log_fn=log)
+                              options=launchers.LaunchOptions(log_fn=log))
     if not log.points:
         raise RuntimeError(f"{launcher}: no progress line from the chief")
     return steady_rate(log.points, WARMUP_STEPS), log.points[0][0] - start

@@ -165,7 +165,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     manifest = convert(config.data, config.output_root, config.storage_options)
     plan = sharding.plan_for_train(manifest, config.train, strategy.replicas_per_worker(config.train))
     run_dir = runs.run_dir_for(config.output_root, runs.new_run_name(config.name))
-    result = launcher.launch_training(config, manifest, plan, run_dir, mlflow_run_id=None, log_fn=print)
+    result = launcher.launch_training(config, manifest, plan, run_dir)
     print(result.model_dump_json(indent=2))
     return EXIT_OK
 

@@ -140,10 +140,8 @@ def train(config: PipelineConfig, manifest: Manifest, plan: sharding.ShardPlan, 
 
     reporter = TrainingReporter(config.name, plan.total_steps)
     try:
-        result = launcher.launch_training(
-            config, manifest, plan, run_dir, mlflow_run_id=mlflow_run_id, log_fn=logger.info, on_restart=on_restart,
-            on_progress=reporter,
-        )
+        result = launcher.launch_training(config, manifest, plan, run_dir, options=launcher.LaunchOptions(
+            mlflow_run_id=mlflow_run_id, log_fn=logger.info, on_restart=on_restart, on_progress=reporter))
         reporter.done(result)
         return result
     finally:

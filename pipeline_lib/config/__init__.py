@@ -1,8 +1,8 @@
 """Pipeline configuration: frozen pydantic models loaded from one YAML file per pipeline.
 
-One module per concern: `base` (the error, enums and shared rules), `data`, `train`, `evaluation`, `run`
-(tracking, observability, validation, preflight) and `pipeline` (`PipelineConfig` and loading it). Everything is
-imported from here: `from pipeline_lib.config import PipelineConfig`.
+One module per concern: `base` (the error, enums and shared rules), `data`, `train`, `ray` (the Ray launcher's
+section of `train`), `evaluation`, `run` (tracking, observability, validation, preflight) and `pipeline`
+(`PipelineConfig` and loading it). Everything is imported from here: `from pipeline_lib.config import PipelineConfig`.
 """
 
 from pipeline_lib.config.base import (  # noqa: F401
@@ -43,6 +43,11 @@ from pipeline_lib.config.pipeline import (  # noqa: F401
     parse_config,
     resolve_config,
 )
+from pipeline_lib.config.ray import (  # noqa: F401
+    RAY_ADDRESS_ENV,
+    RayConfig,
+    RayPlacement,
+)
 from pipeline_lib.config.run import (  # noqa: F401
     DriftConfig,
     ObservabilityConfig,
@@ -51,11 +56,8 @@ from pipeline_lib.config.run import (  # noqa: F401
     ValidationConfig,
 )
 from pipeline_lib.config.train import (  # noqa: F401
-    RAY_ADDRESS_ENV,
     Isolation,
     Launcher,
     ModelConfig,
-    RayConfig,
-    RayPlacement,
     TrainConfig,
 )

@@ -28,6 +28,7 @@ from pipeline_lib.launch.errors import WorkerFailed
 from pipeline_lib.launch.exits import describe_exit
 from pipeline_lib.launch.heartbeat import heartbeat_name, read_heartbeat
 from pipeline_lib.launch.processes import TAIL_LINES, TaskSpec, traceback_tail
+from pipeline_lib.launch.protocol import DEFAULT_OPTIONS, LaunchOptions
 from pipeline_lib.launch.spec import WorkerSpec
 from pipeline_lib.planning.sharding import ShardPlan
 from pipeline_lib.training.results import TrainResult
@@ -114,9 +115,13 @@ class InProcessGroup:
         pass
 
 
-def launch_training(config: PipelineConfig, manifest: Manifest, plan: ShardPlan, run_dir: str,
-                    **options: Any) -> TrainResult:
-    """The local launcher's `launch_training` (the same keyword options, see `launch.launchers`) with the one
-    worker on a thread of this process."""
-    return local.launch_training(config, manifest, plan, run_dir, make_group=lambda spec: InProcessGroup(spec, config),
-                                 **options)
+name = "in_process"
+config_model = None  # `train.isolation: none` on the local launcher, which has no settings of its own
+check_inputs = local.check_inputs
+
+
+def launch_training(config: PipelineConfig, manifest: Manifest, plan: ShardPlan, run_dir: str, *,
+                    options: LaunchOptions = DEFAULT_OPTIONS) -> TrainResult:
+    """The local launcher's `launch_training` with the one worker on a thread of this process."""
+    return local.launch_training(config, manifest, plan, run_dir, options=options,
+                                 make_group=lambda spec: InProcessGroup(spec, config))

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 from pipeline_lib.cluster.check import validate_cluster
 from pipeline_lib.cluster.report import ClusterReport
-from pipeline_lib.config import ConfigError, Launcher, PipelineConfig
+from pipeline_lib.config import ConfigError, PipelineConfig
 from pipeline_lib.core import storage
 from pipeline_lib.data import demo
+from pipeline_lib.launch import launchers
 from pipeline_lib.training import models
 
 
@@ -24,17 +25,16 @@ class InputCheck:
 def check_inputs(config: PipelineConfig, environ: Mapping[str, str] | None = None) -> InputCheck:
     """Check what a run needs from its input, cheapest first, before conversion or any cluster starts.
 
-    The config's own values were checked when it was parsed. This adds what needs the world: the Ray address
-    (train.ray.address or RAY_ADDRESS) when train.launcher is ray, the model factory's
-    import path, TF_CONFIG against the strategy, and every storage URI with its credentials (the bundled demo
+    The config's own values were checked when it was parsed. This adds what needs the world: the launcher's own
+    checks (`Launcher.check_inputs`: for Ray, train.ray.address or RAY_ADDRESS), the model factory's
+    import path and signature, TF_CONFIG against the strategy, and every storage URI with its credentials (the bundled demo
     source is written first when the config names it, as the flow would).
 
     Raises:
         UserError: the first input that cannot work (ModelFactoryError, ClusterConfigError, StorageAccessError),
             naming the value, where it came from and the fix.
     """
-    if config.train.launcher == Launcher.RAY:
-        config.train.ray.resolved_address(dict(environ) if environ is not None else None)
+    launchers.check_inputs(config, environ)
     if config.model.factory not in models.BUILTINS:
         models.import_factory(config.model.factory)
     if config.validation.enabled and config.validation.against == "champion" and not config.tracking.registered_model:

@@ -47,6 +47,7 @@ from pipeline_lib.launch.errors import (
 from pipeline_lib.launch.exits import user_error_line
 from pipeline_lib.launch.group import TaskGroup
 from pipeline_lib.launch.processes import TaskProcess, TaskSpec, start_worker
+from pipeline_lib.launch.protocol import DEFAULT_OPTIONS, LaunchOptions
 from pipeline_lib.launch.spec import USER_ERROR_EXIT_CODE, WorkerSpec, write_spec
 from pipeline_lib.launch.supervisor import AttemptSupervisor, TrainProgress
 from pipeline_lib.planning.sharding import ShardPlan
@@ -246,23 +247,21 @@ def launch(
         supervisor.close()
 
 
-def launch_training(
-    config: PipelineConfig,
-    manifest: Manifest,
-    plan: ShardPlan,
-    run_dir: str,
-    *,
-    mlflow_run_id: str | None = None,
-    log_fn: Callable[[str], None] = print,
-    on_restart: Callable[[int, str], None] | None = None,
-    env: Mapping[str, str] | None = None,
-    on_progress: Callable[[TrainProgress], None] | None = None,
-    make_group: Callable[[WorkerSpec], TaskGroup] | None = None,
-) -> TrainResult:
+name = "local"
+config_model = None  # no settings of its own: `train` sizes the cluster and the supervisor
+
+
+def check_inputs(config: PipelineConfig, environ: Mapping[str, str] | None = None) -> None:
+    """Nothing beyond what every launch checks: the local cluster is started by the launch itself."""
+
+
+def launch_training(config: PipelineConfig, manifest: Manifest, plan: ShardPlan, run_dir: str, *,
+                    options: LaunchOptions = DEFAULT_OPTIONS,
+                    make_group: Callable[[WorkerSpec], TaskGroup] | None = None) -> TrainResult:
     """Train `config` on `manifest` under `plan`: start the local cluster, supervise it, return the chief's result.
 
-    The train stage's entry point: the same worker processes a cluster would run, one per task; `make_group`
-    replaces them (`launch.in_process` passes its one-thread group).
+    The local `Launcher.launch_training`: the same worker processes a cluster would run, one per task;
+    `make_group` replaces them (`launch.in_process` passes its one-thread group).
     """
     heartbeat_dir = tempfile.mkdtemp(prefix="tfdag-heartbeats-")
     values, secret_env = config.for_process()
@@ -271,13 +270,13 @@ def launch_training(
         dataset_uri=manifest.dataset_uri,
         plan=plan,
         run_dir=run_dir,
-        mlflow_run_id=mlflow_run_id,
+        mlflow_run_id=options.mlflow_run_id,
         heartbeat_dir=heartbeat_dir,
     )
     group = make_group(spec) if make_group is not None else None
     try:
         # A literal secret of the config reaches the workers in their environment, never in the spec file.
-        return launch(spec, config, log_fn=log_fn, on_restart=on_restart, env={**secret_env, **(env or {})},
-                      on_progress=on_progress, group=group).result
+        return launch(spec, config, log_fn=options.log_fn, on_restart=options.on_restart,
+                      env={**secret_env, **(options.env or {})}, on_progress=options.on_progress, group=group).result
     finally:
         shutil.rmtree(heartbeat_dir, ignore_errors=True)

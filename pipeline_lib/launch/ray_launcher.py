@@ -33,13 +33,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipeline_lib.cluster.address import address_problem, split_address
-from pipeline_lib.config import PipelineConfig, RayPlacement
+from pipeline_lib.config import PipelineConfig, RayConfig, RayPlacement
 from pipeline_lib.core import storage
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.launch.errors import LaunchError, RayClusterError
 from pipeline_lib.launch.exits import describe_exit
 from pipeline_lib.launch.local import LaunchResult, launch, plan_tasks
 from pipeline_lib.launch.processes import TAIL_LINES, TaskSpec
+from pipeline_lib.launch.protocol import DEFAULT_OPTIONS, LaunchOptions
 from pipeline_lib.launch.ray_task import TaskRunner
 from pipeline_lib.launch.spec import WorkerSpec
 from pipeline_lib.launch.supervisor import TrainProgress
@@ -312,18 +313,21 @@ class RayGroup:
         self.end_attempt()
 
 
-def launch_training(
-    config: PipelineConfig,
-    manifest: Manifest,
-    plan: ShardPlan,
-    run_dir: str,
-    *,
-    mlflow_run_id: str | None = None,
-    log_fn: Callable[[str], None] = print,
-    on_restart: Callable[[int, str], None] | None = None,
-    env: Mapping[str, str] | None = None,
-    on_progress: Callable[[TrainProgress], None] | None = None,
-) -> TrainResult:
+name = "ray"
+config_model = RayConfig  # `train.ray`
+
+
+def check_inputs(config: PipelineConfig, environ: Mapping[str, str] | None = None) -> None:
+    """The Ray cluster's address is set (train.ray.address or RAY_ADDRESS); `connect` proves it answers.
+
+    Raises:
+        ConfigError: neither is set, naming both.
+    """
+    config.train.ray.resolved_address(dict(environ) if environ is not None else None)
+
+
+def launch_training(config: PipelineConfig, manifest: Manifest, plan: ShardPlan, run_dir: str, *,
+                    options: LaunchOptions = DEFAULT_OPTIONS) -> TrainResult:
     """Train on the Ray cluster at train.ray.address (or RAY_ADDRESS): the train stage's entry point for Ray.
 
     This process connects as a Ray driver (it need not run inside the cluster) and supervises the tasks' actors
@@ -347,8 +351,9 @@ def launch_training(
     values, secret_env = config.for_process()
     return launch_on_ray(
         WorkerSpec(config=values, dataset_uri=dataset_uri, plan=plan,
-                   run_dir=run_dir, mlflow_run_id=mlflow_run_id, heartbeat_dir="<on each task's node>"),
-        config, log_fn=log_fn, on_restart=on_restart, env=env, on_progress=on_progress, secret_env=secret_env).result
+                   run_dir=run_dir, mlflow_run_id=options.mlflow_run_id, heartbeat_dir="<on each task's node>"),
+        config, log_fn=options.log_fn, on_restart=options.on_restart, env=options.env, on_progress=options.on_progress,
+        secret_env=secret_env).result
 
 
 def launch_on_ray(spec: WorkerSpec, config: PipelineConfig, *, log_fn: Callable[[str], None] = print,

@@ -26,7 +26,7 @@ from pipeline_lib.core.secrets import is_masked
 from pipeline_lib.data.convert import convert
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.evaluation.consolidation import restore_model
-from pipeline_lib.launch import local as launcher
+from pipeline_lib.launch import launchers
 from pipeline_lib.planning.sharding import ShardPlan
 from pipeline_lib.tracking import reproducibility as recorded
 from pipeline_lib.tracking.client import create_client
@@ -65,6 +65,7 @@ class ReproduceOutcome:
     version_differences: tuple[str, ...]  # "name recorded → installed"
     strategy: str
     num_workers: int
+    launcher: str  # the launcher the rerun trained under: the run's own (`launch.launchers`)
     export_step: int
     run_dir: str | None
 
@@ -79,7 +80,8 @@ class ReproduceOutcome:
                    f"weights within --tolerance {self.tolerance:g} (largest difference "
                    f"{max(self.differences.values(), default=0.0):.3g})")
             lines.append(f"reproduced run {self.run_id}: {how}, {self.num_variables} variable(s) at step "
-                         f"{self.export_step} ({self.strategy}, {self.num_workers} worker(s))")
+                         f"{self.export_step} ({self.strategy}, {self.num_workers} worker(s)) on the {self.launcher} "
+                         "launcher")
         else:
             bound = "are not bit-identical" if self.tolerance is None else f"differ by more than {self.tolerance:g}"
             lines.append(f"NOT reproduced: the weights of run {self.run_id} at step {self.export_step} {bound}; "
@@ -250,16 +252,20 @@ def reproduce(run_id: str, tracking_uri: str, *, tolerance: float | None = None,
     manifest, problems = check_data(run, storage.join(root, "converted"))
     versions = tuple(recorded.version_differences(run.versions, recorded.installed_distributions())
                      ) if run.versions else ()
+    launcher = launchers.launcher_for(config)
     common = {"run_id": run_id, "tolerance": tolerance, "num_variables": len(run.weights),
               "version_differences": versions, "strategy": record.strategy, "num_workers": record.num_workers,
-              "export_step": record.export_step}
+              "launcher": launcher.name, "export_step": record.export_step}
     if manifest is None:
         return ReproduceOutcome(reproduced=False, identical=False, differences={}, data_problems=tuple(problems),
                                 run_dir=None, **common)
     run_dir = runs.run_dir_for(root, runs.new_run_name(f"{config.name}-reproduce"))
-    logger.info("reproducing run %s: %s over %d worker(s), %d steps, into %s", run_id, record.strategy,
-                record.num_workers, record.total_steps, run_dir)
-    result = launcher.launch_training(config, manifest, run.plan, run_dir, mlflow_run_id=None, log_fn=log_fn)
+    logger.info("reproducing run %s: %s over %d worker(s), %d steps, on the %s launcher, into %s", run_id,
+                record.strategy, record.num_workers, record.total_steps, launcher.name, run_dir)
+    # Under the launcher the run was trained with (its recorded train.launcher and train.isolation): a Ray run
+    # reruns on Ray.
+    result = launcher.launch_training(config, manifest, run.plan, run_dir,
+                                      options=launchers.LaunchOptions(log_fn=log_fn))
     checkpoint = next((c for c in result.checkpoints if c.step == record.export_step), None)
     if checkpoint is None:
         raise ReproduceError(

@@ -1,22 +1,25 @@
-"""Keras 3 model factories: the built-in MLP and CNN, and any `package.module:function` factory.
+"""Keras 3 model factories: the `ModelFactory` protocol, the built-in MLP and CNN, and `package.module:function`.
 
-The built-in factories start with the preprocessing of `training.preprocessing`, built from the dataset
-statistics (imputation, z-scores, vocabularies): `model.params.normalize: false` keeps only the imputation and
-hashes strings. A custom factory that takes a `statistics` argument gets them too.
+Every factory, built-in or the user's, is a `ModelFactory`: it receives one `FactoryInputs` (the schema, the
+number of outputs, the task, `model.params` and the dataset statistics) and returns a keras.Model. The built-ins
+start with the preprocessing of `training.preprocessing`, built from the statistics (imputation, z-scores,
+vocabularies): `model.params.normalize: false` keeps only the imputation and hashes strings.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import keras
 
 from pipeline_lib.config import ModelConfig, Task
 from pipeline_lib.core.errors import UserError
+from pipeline_lib.data.manifest import Schema
 from pipeline_lib.data.statistics import DatasetStatistics
 from pipeline_lib.training.input_pipeline import (
     feature_width,
@@ -33,6 +36,36 @@ logger = logging.getLogger(__name__)
 
 class ModelFactoryError(UserError, ValueError):
     """A model factory cannot be imported, called or returns something that is not a keras.Model."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FactoryInputs:
+    """What a model factory receives.
+
+    Attributes:
+        schema: the data schema (from the manifest): the features `create_inputs(schema)` makes Keras inputs of.
+        num_outputs: output units: num_classes logits for classification, 1 for regression.
+        task: classification or regression (`model.task`).
+        params: `model.params`, as written in the config.
+        statistics: the train split's statistics (`data.statistics`), for preprocessing layers built from them;
+            None for a dataset without them.
+    """
+
+    schema: Schema
+    num_outputs: int
+    task: Task
+    params: Mapping[str, Any]
+    statistics: DatasetStatistics | None = None
+
+
+class ModelFactory(Protocol):
+    """A model factory: `model.factory` names one, `mlp`, `cnn` or `package.module:function`.
+
+    Its model takes the inputs dict of `input_pipeline.create_dataset` (raw values; `create_inputs(schema)`) and
+    returns logits, `num_outputs` wide. A factory rejects bad `params` with a TypeError or ModelFactoryError.
+    """
+
+    def __call__(self, inputs: FactoryInputs) -> keras.Model: ...
 
 
 def num_outputs(model_config: ModelConfig, schema) -> int:
@@ -67,7 +100,7 @@ def _head(x, units: int):
     return keras.layers.Dense(units, dtype="float32", name="logits")(x)
 
 
-def create_mlp(schema, num_outputs: int, hidden_units=(128, 64), dropout: float = 0.0,
+def _mlp(schema, num_outputs: int, hidden_units=(128, 64), dropout: float = 0.0,
                activation: str = "relu", statistics: DatasetStatistics | None = None, normalize: bool = True,
                **params: Any) -> keras.Model:
     """A multilayer perceptron over the preprocessed numbers and strings.
@@ -97,7 +130,7 @@ def create_mlp(schema, num_outputs: int, hidden_units=(128, 64), dropout: float 
     return keras.Model(inputs, _head(x, num_outputs), name="mlp")
 
 
-def create_cnn(schema, num_outputs: int, image_shape=None, filters=(16, 32), kernel_size: int = 3,
+def _cnn(schema, num_outputs: int, image_shape=None, filters=(16, 32), kernel_size: int = 3,
                dense_units: int = 64, activation: str = "relu", dropout: float = 0.0,
                statistics: DatasetStatistics | None = None, normalize: bool = True, **params: Any) -> keras.Model:
     """A small CNN: the numeric vector reshaped to `image_shape`, Conv2D blocks, then Dense.
@@ -155,14 +188,39 @@ def create_cnn(schema, num_outputs: int, image_shape=None, filters=(16, 32), ker
     return keras.Model(inputs, _head(x, num_outputs), name="cnn")
 
 
-BUILTINS: dict[str, Callable[..., keras.Model]] = {"mlp": create_mlp, "cnn": create_cnn}
+def create_mlp(inputs: FactoryInputs) -> keras.Model:
+    """The `mlp` factory: `model.params` are `_mlp`'s keyword arguments."""
+    return _mlp(inputs.schema, inputs.num_outputs, statistics=inputs.statistics, **inputs.params)
 
 
-def import_factory(factory: str) -> Callable[..., keras.Model]:
-    """Import `package.module:function`.
+def create_cnn(inputs: FactoryInputs) -> keras.Model:
+    """The `cnn` factory: `model.params` are `_cnn`'s keyword arguments."""
+    return _cnn(inputs.schema, inputs.num_outputs, statistics=inputs.statistics, **inputs.params)
+
+
+BUILTINS: dict[str, ModelFactory] = {"mlp": create_mlp, "cnn": create_cnn}
+PROTOCOL = f"{__name__}.ModelFactory"  # how errors name it
+
+
+def _parameters(fn: Callable[..., Any]) -> Mapping[str, inspect.Parameter] | None:
+    try:
+        return inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None  # a builtin or C callable: judged when it is called
+
+
+def _is_keyword_factory(fn: Callable[..., Any]) -> bool:
+    """A factory written before `ModelFactory`: `fn(schema, num_outputs, **params)`, still called that way."""
+    parameters = _parameters(fn)
+    return parameters is not None and "schema" in parameters and "num_outputs" in parameters
+
+
+def import_factory(factory: str) -> ModelFactory | Callable[..., keras.Model]:
+    """Import `package.module:function` and check that it can be called as a `ModelFactory`.
 
     Raises:
-        ModelFactoryError: naming the factory when the module or function cannot be found.
+        ModelFactoryError: naming the factory when the module or function cannot be found, or the function
+            cannot take one `FactoryInputs`.
     """
     module_name, _, function_name = factory.partition(":")
     try:
@@ -176,23 +234,34 @@ def import_factory(factory: str) -> Callable[..., keras.Model]:
     if fn is None or not callable(fn):
         raise ModelFactoryError(
             f"model.factory {factory!r}: module {module_name!r} has no function {function_name!r}; "
-            "define it as fn(schema, num_outputs, **params) -> keras.Model"
+            f"define it as a {PROTOCOL}"
         )
+    if not _is_keyword_factory(fn) and (parameters := _parameters(fn)) is not None:
+        try:
+            inspect.Signature(list(parameters.values())).bind(None)
+        except TypeError as error:
+            raise ModelFactoryError(
+                f"model.factory {factory!r} cannot be called with one FactoryInputs ({error}); define it as a "
+                f"{PROTOCOL}, whose one argument holds the schema, num_outputs, task, params and statistics"
+            ) from None
     return fn
 
 
-def _takes_statistics(fn: Callable[..., Any]) -> bool:
-    try:
-        return "statistics" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
+def _call(fn: ModelFactory | Callable[..., keras.Model], inputs: FactoryInputs) -> Any:
+    if not _is_keyword_factory(fn):
+        return fn(inputs)
+    params = dict(inputs.params)
+    if "statistics" in (_parameters(fn) or {}):
+        params["statistics"] = inputs.statistics
+    return fn(schema=inputs.schema, num_outputs=inputs.num_outputs, **params)
 
 
 def create_model(model_config: ModelConfig, schema, statistics: DatasetStatistics | None = None) -> keras.Model:
     """Build the Keras 3 model named by `model.factory` for this schema.
 
-    Custom factories are called as `fn(schema=schema, num_outputs=n, **model.params)`, with
-    `statistics=statistics` too when the function has a `statistics` parameter.
+    The factory is called with one `FactoryInputs` (see `ModelFactory`). A custom factory written the older
+    way, with `schema` and `num_outputs` parameters, is still called as `fn(schema=, num_outputs=, **params)`,
+    with `statistics=` too when it has that parameter.
 
     Args:
         model_config: the `model` config section.
@@ -206,23 +275,20 @@ def create_model(model_config: ModelConfig, schema, statistics: DatasetStatistic
     Raises:
         ModelFactoryError: when the factory cannot be imported, rejects its params, or returns no keras.Model.
     """
-    outputs = num_outputs(model_config, schema)
-    params = dict(model_config.params)
+    inputs = FactoryInputs(schema=schema, num_outputs=num_outputs(model_config, schema), task=model_config.task,
+                           params=dict(model_config.params), statistics=statistics)
     fn = BUILTINS.get(model_config.factory) or import_factory(model_config.factory)
-    if _takes_statistics(fn):
-        params["statistics"] = statistics
     try:
-        model = fn(schema=schema, num_outputs=outputs, **params)
+        model = _call(fn, inputs)
     except TypeError as error:
         raise ModelFactoryError(
-            f"model.factory {model_config.factory!r} rejected model.params "
-            f"{sorted(k for k in params if k != 'statistics')}: {error}; "
-            "check the parameter names against the factory's signature"
+            f"model.factory {model_config.factory!r} rejected model.params {sorted(inputs.params)}: {error}; "
+            f"check the parameter names against the factory's (a {PROTOCOL})"
         ) from error
     if not isinstance(model, keras.Model):
         raise ModelFactoryError(
             f"model.factory {model_config.factory!r} returned {type(model).__name__}, not a keras.Model; "
-            "return a Keras 3 model"
+            f"return a Keras 3 model (see {PROTOCOL})"
         )
-    logger.info("model %s: %d parameters, %d outputs", model.name, model.count_params(), outputs)
+    logger.info("model %s: %d parameters, %d outputs", model.name, model.count_params(), inputs.num_outputs)
     return model

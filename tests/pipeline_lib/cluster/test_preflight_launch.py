@@ -9,6 +9,7 @@ import pytest
 
 from pipeline_lib.launch import local as launcher
 from pipeline_lib.launch.errors import WorkerFailed
+from pipeline_lib.launch.protocol import LaunchOptions
 from tests.conftest import make_plan
 from tests.pipeline_lib.launch_support import make_config, write_dataset_on_disk
 
@@ -24,8 +25,8 @@ def test_two_worker_run_with_skewed_tensorflow_refuses_to_train(tmp_path):
     lines: list[str] = []
 
     with pytest.raises(WorkerFailed) as failed:
-        launcher.launch_training(config, manifest, plan, run_dir, log_fn=lines.append,
-                                 env={"TFDAG_PREFLIGHT_OVERRIDE": skew})
+        launcher.launch_training(config, manifest, plan, run_dir, options=LaunchOptions(
+            log_fn=lines.append, env={"TFDAG_PREFLIGHT_OVERRIDE": skew}))
 
     message = str(failed.value)
     assert "permanent failure, not restarted" in message

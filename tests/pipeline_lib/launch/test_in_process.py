@@ -13,7 +13,7 @@ from pipeline_lib.checkpoints import manifests as checkpoints
 from pipeline_lib.config import ConfigError, Isolation
 from pipeline_lib.launch.errors import WorkerFailed, WorkerInputError
 from pipeline_lib.launch.in_process import InProcessGroup, ThreadTask
-from pipeline_lib.launch.launchers import launch_training
+from pipeline_lib.launch.launchers import LaunchOptions, launch_training
 from pipeline_lib.launch.spec import PREEMPTION_EXIT_CODE, RESULT_NAME
 from tests.pipeline_lib.launch_support import (
     LogCapture,
@@ -37,7 +37,8 @@ def test_one_worker_trains_in_this_process_with_progress_and_result(tmp_path, da
     run_dir = str(tmp_path / "run")
     plan = plan_for(dataset, config, steps=60)
     progress, logs = [], LogCapture()
-    result = launch_training(config, dataset, plan, run_dir, log_fn=logs, on_progress=progress.append)
+    result = launch_training(config, dataset, plan, run_dir,
+                             options=LaunchOptions(log_fn=logs, on_progress=progress.append))
     assert result.final_step == 60 and result.num_restarts == 0
     with open(os.path.join(run_dir, RESULT_NAME)) as handle:
         assert json.load(handle)["final_step"] == 60
@@ -79,7 +80,8 @@ def test_a_failure_in_the_thread_is_a_permanent_worker_failure_with_its_tracebac
                          model={"factory": "mlp", "params": {"hidden_units": [-1]}})
     logs = LogCapture()
     with pytest.raises(WorkerFailed) as failure:
-        launch_training(config, dataset, plan_for(dataset, config, steps=10), str(tmp_path / "run"), log_fn=logs)
+        launch_training(config, dataset, plan_for(dataset, config, steps=10), str(tmp_path / "run"),
+                        options=LaunchOptions(log_fn=logs))
     assert "a permanent failure, not restarted (attempt 1)" in str(failure.value)
     assert failure.value.tail.startswith("Traceback (most recent call last)") and failure.value.exit_code == 1
     assert "[worker 0] Traceback (most recent call last)" in logs.text
@@ -93,7 +95,7 @@ def test_bad_input_in_the_thread_is_one_line_naming_it(tmp_path, dataset):
     with pytest.raises(WorkerInputError, match=r"^worker 0: train.cpu_replicas \(3\) needs 3 logical CPU devices "
                                                r".* set train.isolation: process") as failure:
         launch_training(config, dataset, plan_for(dataset, config, steps=10), str(tmp_path / "run"),
-                        log_fn=LogCapture())
+                        options=LaunchOptions(log_fn=LogCapture()))
     assert "Traceback" not in str(failure.value)
 
 

@@ -54,6 +54,8 @@ def custom_module(tmp_path, monkeypatch):
     (tmp_path / "my_factories.py").write_text(textwrap.dedent("""
         import keras
 
+        from pipeline_lib.training import models
+
         def tiny(schema, num_outputs, width=4):
             inputs = {"numeric": keras.Input(shape=(5,), name="numeric"),
                       "color": keras.Input(shape=(1,), dtype="string", name="color")}
@@ -62,6 +64,17 @@ def custom_module(tmp_path, monkeypatch):
 
         def not_a_model(schema, num_outputs):
             return 42
+
+        SEEN = []
+
+        def protocol_factory(inputs):  # a ModelFactory: everything in one FactoryInputs
+            SEEN.append(inputs)
+            features = models.create_inputs(inputs.schema)
+            x = keras.layers.Dense(inputs.params["width"])(features["numeric"])
+            return keras.Model(features, keras.layers.Dense(inputs.num_outputs)(x))
+
+        def two_arguments(a, b):
+            return None
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "my_factories"
@@ -85,6 +98,28 @@ def test_bad_factory_errors_name_the_factory(tiny_manifest, custom_module, facto
     with pytest.raises(models.ModelFactoryError, match=message) as caught:
         models.create_model(ModelConfig(factory=factory), tiny_manifest.feature_schema)
     assert factory in str(caught.value)
+
+
+def test_a_model_factory_receives_one_factory_inputs_with_the_statistics(tiny_manifest, custom_module):
+    from pipeline_lib.data.statistics import DatasetStatistics, SplitStatistics
+
+    statistics = DatasetStatistics(label="label", splits={"train": SplitStatistics(num_rows=256, features={})})
+    model = models.create_model(ModelConfig(factory=f"{custom_module}:protocol_factory", params={"width": 3}),
+                                tiny_manifest.feature_schema, statistics)
+    [inputs] = sys.modules[custom_module].SEEN
+    assert isinstance(inputs, models.FactoryInputs)
+    assert inputs.statistics is statistics and inputs.schema == tiny_manifest.feature_schema
+    assert inputs.num_outputs == 3 and inputs.task == Task.CLASSIFICATION and inputs.params == {"width": 3}
+    assert np.asarray(model(_batch(tiny_manifest)[0])).shape == (8, 3)
+
+
+def test_a_factory_that_cannot_take_factory_inputs_is_refused_at_import_naming_the_protocol(custom_module):
+    with pytest.raises(models.ModelFactoryError,
+                       match=r"'my_factories:two_arguments' cannot be called with one FactoryInputs .*"
+                             r"define it as a pipeline_lib\.training\.models\.ModelFactory"):
+        models.import_factory(f"{custom_module}:two_arguments")
+    assert models.import_factory(f"{custom_module}:protocol_factory")  # and the older keyword form:
+    assert models.import_factory(f"{custom_module}:tiny")
 
 
 def test_bad_params_name_the_factory(tiny_manifest, custom_module):
