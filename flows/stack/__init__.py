@@ -2,8 +2,9 @@
 deployments and, when asked for, a Ray cluster.
 
 `state` (the state file, ports), `processes` (start, find and stop exactly one process and its family),
-`ray_cluster` (a local Ray cluster's nodes), `services` (each service described once), `profile` (the user's
-Prefect profile) and `commands` (up, down, status and their report).
+`ray_cluster` (a local Ray cluster's nodes), `servers` (starting the Prefect and MLflow servers, the worker, the
+deployments), `services` (each service described once), `profile` (the user's Prefect profile) and `commands`
+(up, down, status and their report).
 """
 
 from flows.stack.commands import (
@@ -24,13 +25,13 @@ from flows.stack.processes import (
     wait_until,
 )
 from flows.stack.profile import PROFILE
-from flows.stack.services import (
+from flows.stack.servers import (
     WORK_POOL,
     WORKER_NAME,
-    env_file_text,
     prefect_server_answers,
     start_prefect_server,
 )
+from flows.stack.services import env_file_text
 from flows.stack.state import (
     HOST,
     StackState,
