@@ -33,6 +33,7 @@ from flows.stack.state import (
     write_state,
 )
 from pipeline_lib.config import DEFAULT_ROOT
+from pipeline_lib.core.exit_codes import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK
 from pipeline_lib.core.net import free_port
 
 logger = logging.getLogger(__name__)
@@ -192,19 +193,19 @@ def _up(root: str | os.PathLike[str], ray_nodes: int, say: Callable[[str], None]
     say("  prefect deployment run 'retrain/nightly' --watch")
     say(f"then open {state.prefect_ui_url}/runs for the flow run and its artifacts, and "
         f"{state.mlflow_url}/#/models for the model and its `champion` alias.")
-    return 0
+    return EXIT_OK
 
 
 def _status(root: str | os.PathLike[str], say: Callable[[str], None], out: IO[str]) -> int:
     state, statuses = stack_status(root)
     if state is None:
         say(f"no stack recorded under {stack_dir(root)}; start one with `tfdag stack up`")
-        return 1
+        return EXIT_FAILURE
     for status in statuses:
         say(f"{status.name:15s} pid {status.pid:<8d} {status.detail}" + (f"  {status.url}" if status.url else ""))
     say("")
     print_addresses(state, out)
-    return 0 if all(s.running for s in statuses) else 1
+    return EXIT_OK if all(s.running for s in statuses) else EXIT_FAILURE
 
 
 def stack_command(action: str, root: str | os.PathLike[str] = DEFAULT_ROOT, out: IO[str] = sys.stdout,
@@ -226,11 +227,11 @@ def stack_command(action: str, root: str | os.PathLike[str] = DEFAULT_ROOT, out:
         if action == "down":
             if stack_down(root, log_fn=say):
                 say("stack stopped")
-            return 0
+            return EXIT_OK
         if action == "status":
             return _status(root, say, out)
     except StackError as error:
         print(f"tfdag stack {action}: {error}", file=sys.stderr)
-        return 1
+        return EXIT_FAILURE
     print(f"tfdag stack: unknown action {action!r}; use up, down or status", file=sys.stderr)
-    return 2
+    return EXIT_BAD_INPUT
