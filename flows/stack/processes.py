@@ -100,10 +100,11 @@ def find_process(record: ServiceRecord) -> psutil.Process | None:
 
 
 def end_processes(family: Iterable[psutil.Process], timeout_s: float, *, graceful: bool = True) -> bool:
-    """End every process of `family`: SIGTERM first when `graceful`, SIGKILL for what is left after `timeout_s`.
+    """End every process of `family`: with `graceful`, SIGTERM and SIGKILL for what is left after `timeout_s`;
+    without, SIGKILL at once and up to `timeout_s` for them to go.
 
     Returns:
-        Whether any process had to be killed.
+        Whether a process outlived its SIGTERM and was killed (never, without `graceful`).
     """
     family = list(family)
     if graceful:
