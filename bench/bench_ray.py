@@ -1,6 +1,6 @@
 """The Ray launcher vs the local launcher: the same 2-worker MultiWorkerMirrored training on the bundled digits.
 
-A local Ray cluster of 3 nodes on 127.0.0.2 (`flows.ray_stack`, as `tfdag stack up --ray 3` starts it) and this
+A local Ray cluster of 3 nodes on 127.0.0.2 (`flows.stack.ray_cluster`, as `tfdag stack up --ray 3` starts it) and this
 process as its driver. Runs are interleaved (local, ray, ray, local; `--quick`: one each, shorter) so a machine
 that speeds up or slows down weighs on both alike. From each run's chief log, with the time each line arrived:
 
@@ -91,7 +91,7 @@ def _run(launcher: str, root: str, manifest, steps: int, address: str | None) ->
 def run(quick: bool = False, **_sizes) -> list[dict]:
     import ray
 
-    from flows import ray_stack
+    from flows.stack import ray_cluster
     from tests.pipeline_lib.launch_support import write_digits_dataset
 
     steps = QUICK_STEPS if quick else FULL_STEPS
@@ -99,9 +99,9 @@ def run(quick: bool = False, **_sizes) -> list[dict]:
     order = ["local", "ray"] if quick else ["local", "ray", "ray", "local"] * 2 + ["local", "ray"]
     with tempfile.TemporaryDirectory(prefix="tfdag-bench-ray-") as root:
         manifest = write_digits_dataset(os.path.join(root, "digits"))
-        cluster = ray_stack.start_ray_cluster(3, num_cpus=NODE_CPUS)
+        cluster = ray_cluster.start_ray_cluster(3, num_cpus=NODE_CPUS)
         try:
-            ray.init(address=cluster.address, _node_ip_address=ray_stack.RAY_HOST, log_to_driver=False,
+            ray.init(address=cluster.address, _node_ip_address=ray_cluster.RAY_HOST, log_to_driver=False,
                      configure_logging=False)
             results: dict[str, list[tuple[float, float]]] = {"local": [], "ray": []}
             for launcher in order:
@@ -111,7 +111,7 @@ def run(quick: bool = False, **_sizes) -> list[dict]:
         finally:
             if ray.is_initialized():
                 ray.shutdown()
-            ray_stack.stop_ray_cluster(cluster)
+            ray_cluster.stop_ray_cluster(cluster)
     samples = {}
     for launcher, runs in results.items():
         rates = [r for r, _ in runs]

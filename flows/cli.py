@@ -9,18 +9,9 @@ import logging
 import os
 import sys
 import threading
-import traceback
 
-# Before anything imports TensorFlow (pipeline_lib quiets it on import unless verbose): `-v` keeps the noise.
-if any(arg in ("-v", "--verbose") for arg in sys.argv[1:]):
-    os.environ["TFDAG_VERBOSE"] = "1"
-
-# Exit codes: documented in the README beside `tfdag run`.
-EXIT_OK = 0
-EXIT_FAILURE = 1  # a stage failed for a reason other than the input (a worker crashed, a server went away)
-EXIT_BAD_INPUT = 2  # the input is wrong: the one-line message names the value and the fix
-EXIT_NOT_BLESSED = 3  # trained, not blessed: the evaluation gate refused the model, which was not registered
-EXIT_INTERRUPTED = 130
+# Nothing from pipeline_lib at module level: importing it quiets TensorFlow unless TFDAG_VERBOSE is set, which
+# main() sets for `-v` first. The exit codes are pipeline_lib.core.exit_codes' (the README lists them).
 
 DESCRIPTION = """\
 tfdag runs end-to-end TensorFlow training DAGs as Prefect flows:
@@ -41,31 +32,15 @@ exit codes: 0 success, 1 failure, 2 bad input (one line names the value and the 
 """
 
 
-def _default_config() -> str:
-    from flows.pipeline import DEFAULT_CONFIG
-
-    return DEFAULT_CONFIG
-
-
-def _load(path: str | None):
-    from pipeline_lib.config import load_config
-
-    return load_config(path or _default_config())
-
-
-def _prepare_demo_data(config) -> None:
-    from pipeline_lib.data import demo as demo_data
-
-    demo_data.ensure_demo_source(config.data)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
+    from flows.stage_inputs import default_config, load
+    from pipeline_lib.core.exit_codes import EXIT_NOT_BLESSED, EXIT_OK
     from pipeline_lib.launch.inputs import check_inputs
 
     # The flow gets the file's path, not its content: a Prefect parameter is stored by the server, and a
     # config may carry storage options. Loading and checking it here first rejects bad input before Prefect starts.
-    path = args.config or _default_config()
-    check_inputs(_load(path))
+    path = args.config or default_config()
+    check_inputs(load(path))
     from flows.pipeline import training_pipeline
     from flows.prefect_api import api_from_profile, choose_prefect_api
 
@@ -84,11 +59,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from pipeline_lib.data.convert import convert
+    from flows.stage_inputs import stage_inputs
+    from pipeline_lib.core.exit_codes import EXIT_OK
 
-    config = _load(args.config)
-    _prepare_demo_data(config)
-    manifest = convert(config.data, config.output_root, config.storage_options)
+    manifest = stage_inputs(args.config).manifest
     print(json.dumps({
         "dataset_uri": manifest.dataset_uri,
         "fingerprint": manifest.fingerprint,
@@ -101,28 +75,23 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from pipeline_lib.data.convert import convert
+    from flows.stage_inputs import stage_inputs
+    from pipeline_lib.core.exit_codes import EXIT_OK
     from pipeline_lib.planning import sharding
-    from pipeline_lib.training import strategy
 
-    config = _load(args.config)
-    _prepare_demo_data(config)
-    manifest = convert(config.data, config.output_root, config.storage_options)
-    plan = sharding.plan_for_train(manifest, config.train, strategy.replicas_per_worker(config.train),
-                                   num_workers=args.workers)
-    print(sharding.plan_to_markdown(plan))
+    print(sharding.plan_to_markdown(stage_inputs(args.config).plan(num_workers=args.workers)))
     return EXIT_OK
 
 
 def cmd_validate_data(args: argparse.Namespace) -> int:
     """Convert (or reuse) the data and check it against the baseline: exit 0 without anomalies, 2 with, one per line."""
-    from pipeline_lib.data.convert import convert
+    from flows.stage_inputs import stage_inputs
+    from pipeline_lib.core.exit_codes import EXIT_BAD_INPUT, EXIT_OK
     from pipeline_lib.data.statistics import load_statistics
     from pipeline_lib.tracking.baseline import check_data
 
-    config = _load(args.config)
-    _prepare_demo_data(config)
-    manifest = convert(config.data, config.output_root, config.storage_options)
+    inputs = stage_inputs(args.config)
+    config, manifest = inputs.config, inputs.manifest
     report = check_data(config, manifest.feature_schema, load_statistics(manifest, config.storage_options),
                         against=args.against)
     for anomaly in report.anomalies:
@@ -133,9 +102,11 @@ def cmd_validate_data(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from flows.stage_inputs import load
     from pipeline_lib.cluster.check import validate_cluster
+    from pipeline_lib.core.exit_codes import EXIT_OK
 
-    report = validate_cluster(_load(args.config))
+    report = validate_cluster(load(args.config))
     print(report.to_markdown())
     return EXIT_OK
 
@@ -154,16 +125,13 @@ def cmd_validate_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from flows.stage_inputs import stage_inputs
     from pipeline_lib.core import runs
-    from pipeline_lib.data.convert import convert
+    from pipeline_lib.core.exit_codes import EXIT_OK
     from pipeline_lib.launch import launchers as launcher
-    from pipeline_lib.planning import sharding
-    from pipeline_lib.training import strategy
 
-    config = _load(args.config)
-    _prepare_demo_data(config)
-    manifest = convert(config.data, config.output_root, config.storage_options)
-    plan = sharding.plan_for_train(manifest, config.train, strategy.replicas_per_worker(config.train))
+    inputs = stage_inputs(args.config)
+    config, manifest, plan = inputs.config, inputs.manifest, inputs.plan()
     run_dir = runs.run_dir_for(config.output_root, runs.new_run_name(config.name))
     result = launcher.launch_training(config, manifest, plan, run_dir)
     print(result.model_dump_json(indent=2))
@@ -171,27 +139,30 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from pipeline_lib.data.convert import convert
+    from flows.stage_inputs import stage_inputs
+    from pipeline_lib.core.exit_codes import EXIT_OK
     from pipeline_lib.evaluation import metrics as evaluation
     from pipeline_lib.evaluation.gate import apply_gate
 
-    config = _load(args.config)
-    manifest = convert(config.data, config.output_root, config.storage_options)
-    report = evaluation.evaluate(config, manifest, args.model)
+    inputs = stage_inputs(args.config)
+    config = inputs.config
+    report = evaluation.evaluate(config, inputs.manifest, args.model)
     report = report.model_copy(update={"gate": apply_gate(report, config.evaluation.gate)})  # no champion here
     print(report.to_markdown())
     return EXIT_OK
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
+    from flows.stage_inputs import load
+    from pipeline_lib.core.exit_codes import EXIT_FAILURE, EXIT_OK
     from pipeline_lib.reproduce.rerun import reproduce
 
     if args.tracking_uri:
         tracking_uri = args.tracking_uri
     elif args.config:
-        tracking_uri = _load(args.config).mlflow_uri
+        tracking_uri = load(args.config).mlflow_uri
     else:
-        tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or _load(None).mlflow_uri
+        tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or load(None).mlflow_uri
     outcome = reproduce(args.run_id, tracking_uri, tolerance=args.tolerance, work_dir=args.work_dir, log_fn=print)
     for line in outcome.report_lines():
         print(f"tfdag | {line}")
@@ -210,6 +181,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_demo_data(args: argparse.Namespace) -> int:
+    from pipeline_lib.core.exit_codes import EXIT_OK
     from pipeline_lib.data import demo as demo_data
 
     print(demo_data.write_digits_csv(args.uri))
@@ -333,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TFDAG_VERBOSE"] = "1"  # workers inherit it
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from pipeline_lib.core.errors import is_user_error
+    from pipeline_lib.core.exit_codes import run_to_exit_code
     from pipeline_lib.core.quiet import quiet_python_loggers
 
     quiet_python_loggers()
@@ -350,24 +322,9 @@ def main(argv: list[str] | None = None) -> int:
         for handler in logging.getLogger().handlers:
             handler.addFilter(_drop_routine_state_lines)
 
-    try:
-        return args.fn(args)
-    except KeyboardInterrupt:
-        print("tfdag: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except Exception as error:  # noqa: BLE001 - the CLI turns every error into one line and an exit code
-        if args.verbose:
-            traceback.print_exc()
-        if is_user_error(error):
-            print(f"tfdag: {_one_line(error)}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        print(f"tfdag: failed: {type(error).__name__}: {_one_line(error)}"
-              + ("" if args.verbose else " (run with -v for the traceback)"), file=sys.stderr)
-        return EXIT_FAILURE
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())
+    # Every error becomes one line and an exit code (core.exit_codes): a UserError exit 2, its traceback with -v.
+    return run_to_exit_code(lambda: args.fn(args), lambda text: print(text, file=sys.stderr), prefix="tfdag: ",
+                            verbose=args.verbose)
 
 
 def entry() -> None:

@@ -37,7 +37,7 @@ class RunningStack:
 
 
 def prefect_cli(running: RunningStack, *args: str, api_url: bool = True, timeout: float = 900):
-    return subprocess.run([stack._bin("prefect"), *args], cwd=ROOT, env=running.cli_env(api_url=api_url),
+    return subprocess.run([stack.console_script("prefect"), *args], cwd=ROOT, env=running.cli_env(api_url=api_url),
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 

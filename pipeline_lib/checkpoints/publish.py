@@ -18,16 +18,10 @@ from typing import Any, TypeVar
 from pipeline_lib.checkpoints import layout, manifests, selection
 from pipeline_lib.checkpoints.records import CheckpointRecord
 from pipeline_lib.config import Direction
-from pipeline_lib.core import storage
+from pipeline_lib.core import retry, storage
 from pipeline_lib.core.download import ChecksumMismatch, download_verified
-from pipeline_lib.core.retry import retry_with_backoff
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_RETRIES = 3
-RETRY_BACKOFF_S = 1.0
-# Missing, refused or damaged: a retry cannot help.
-_PERMANENT_ERRORS = (FileNotFoundError, PermissionError, ChecksumMismatch)
 
 T = TypeVar("T")
 
@@ -36,18 +30,17 @@ class PublishError(storage.StorageError):
     """A run's files cannot be published or restored; the message names the URI and the fix."""
 
 
-def _retry(fn: Callable[[], T], what: str, retries: int = DEFAULT_RETRIES) -> T:
-    """Call fn, retrying transient storage errors with exponential backoff; missing, refused or damaged is permanent.
+def _retry(fn: Callable[[], T], what: str, retries: int = retry.DEFAULT_RETRIES) -> T:
+    """Call fn under the storage retry policy (`core.retry`): missing, refused or damaged is permanent.
 
     Raises:
         PublishError: when the retries are spent (the permanent errors are raised as they are).
     """
     try:
-        return retry_with_backoff(fn, what, retries=retries, backoff_s=RETRY_BACKOFF_S,
-                                  is_permanent=lambda error: isinstance(error, (*_PERMANENT_ERRORS, PublishError)))
-    except (*_PERMANENT_ERRORS, PublishError):
-        raise
+        return retry.STORAGE_RETRY.call(fn, what, retries=retries)
     except Exception as error:
+        if retry.is_permanent(error):
+            raise
         raise PublishError(f"{what} failed after {retries + 1} attempt(s): {type(error).__name__}: {error}; "
                            "check that the storage endpoint is reachable") from error
 
@@ -60,7 +53,7 @@ class CheckpointPublisher:
     """
 
     def __init__(self, remote_dir: str, storage_options: dict[str, Any] | None = None, *,
-                 retries: int = DEFAULT_RETRIES):
+                 retries: int = retry.DEFAULT_RETRIES):
         self.remote_dir = remote_dir.rstrip("/")
         self.fs, self.root = storage.get_fs(self.remote_dir, storage_options)
         self.root = self.root.rstrip("/")

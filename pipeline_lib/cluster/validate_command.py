@@ -12,6 +12,8 @@ from pipeline_lib.cluster.preflight_report import PreflightError
 from pipeline_lib.cluster.report import ClusterConfigError
 from pipeline_lib.cluster.tf_config import check_tf_config, parse_strategy
 from pipeline_lib.core import storage
+from pipeline_lib.core.exit_codes import EXIT_FAILURE, EXIT_OK, run_to_exit_code
+from pipeline_lib.core.quiet import is_verbose
 
 VALIDATE_CLUSTER_SUBDIR = "validate-cluster"
 
@@ -48,19 +50,22 @@ def run_validate_cluster(tf_config: str | None, strategy: str, peers: bool, run_
         environ: the environment (default os.environ).
 
     Returns:
-        0 when valid, 1 on an error finding or a failed preflight, 2 on a usage error.
+        0 when valid, 1 on an error finding or a failed preflight, 2 on a usage error (one line, the
+        `core.exit_codes` rule).
     """
     environ = os.environ if environ is None else environ
-    try:
-        kind = parse_strategy(strategy)
-    except ClusterConfigError as error:
-        print(f"error: {error}", file=out)
-        return 2
+    return run_to_exit_code(lambda: _validate(tf_config, strategy, peers, run_dir, timeout_s, out, environ),
+                            lambda line: print(line, file=out), prefix="tfdag validate-cluster: ",
+                            verbose=is_verbose())
+
+
+def _validate(tf_config: str | None, strategy: str, peers: bool, run_dir: str | None, timeout_s: float,
+              out: TextIO, environ: Mapping[str, str]) -> int:
+    kind = parse_strategy(strategy)
     text, source = _read_tf_config(tf_config, environ)
     if not text:
-        print("error: TF_CONFIG is not set and --tf-config was not given; export TF_CONFIG or pass "
-              "--tf-config FILE_OR_JSON", file=out)
-        return 2
+        raise ClusterConfigError("TF_CONFIG is not set and --tf-config was not given; export TF_CONFIG or pass "
+                                 "--tf-config FILE_OR_JSON")
     findings = check_tf_config(text, kind, source)
     for finding in findings:
         print(f"{finding.level} [{finding.rule}]: {finding.message}", file=out)
@@ -68,20 +73,18 @@ def run_validate_cluster(tf_config: str | None, strategy: str, peers: bool, run_
     if errors:
         print(f"{source}: {len(errors)} error(s), {len(findings) - len(errors)} warning(s); the cluster would not "
               "start as configured", file=out)
-        return 1
+        return EXIT_FAILURE
     print(f"{source}: valid for strategy {kind.value!r} ({len(findings)} warning(s))", file=out)
     if not peers:
-        return 0
+        return EXIT_OK
     if not run_dir:
-        print("error: --peers needs --run-dir, an fsspec URI every task can reach (e.g. s3://bucket/runs/job-1)",
-              file=out)
-        return 2
+        raise ClusterConfigError("--peers needs --run-dir, an fsspec URI every task can reach (e.g. s3://bucket/runs/job-1)")
     cluster = cluster_from_env({"TF_CONFIG": text})
     try:
         report = run_preflight(storage.join(run_dir, VALIDATE_CLUSTER_SUBDIR), cluster, "", "", timeout_s)
     except PreflightError as error:
         print(f"preflight failed:\n{error}", file=out)
-        return 1
+        return EXIT_FAILURE
     print(report.to_markdown(), file=out)
     print(f"preflight passed: {len(report.fingerprints)} task(s) match and every peer is reachable", file=out)
-    return 0
+    return EXIT_OK

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 
+from pipeline_lib.core.exit_codes import EXIT_FAILURE, EXIT_INTERRUPTED
 from pipeline_lib.launch.spec import (
     PREEMPTION_EXIT_CODE,
     USER_ERROR_EXIT_CODE,
@@ -11,7 +12,7 @@ from pipeline_lib.launch.spec import (
 )
 
 # Killed (SIGKILL 137, SIGTERM 143, SIGINT 130) or preempted with a checkpoint saved: a restart can help.
-RETRYABLE_EXIT_CODES = frozenset({130, 137, 143, PREEMPTION_EXIT_CODE})
+RETRYABLE_EXIT_CODES = frozenset({EXIT_INTERRUPTED, 137, 143, PREEMPTION_EXIT_CODE})
 
 # What TensorFlow prints in a healthy worker whose peer died or stopped: a symptom, not that worker's bug.
 PEER_FAILURE_MARKERS = (
@@ -43,8 +44,8 @@ def describe_exit(code: int) -> str:
             return f"killed by signal {-code}"
     if code == PREEMPTION_EXIT_CODE:
         return f"exited {code} (preempted: SIGTERM, checkpoint saved)"
-    if code == 1:
-        return "exited 1 (a Python exception)"
+    if code == EXIT_FAILURE:
+        return f"exited {code} (a Python exception)"
     if code == USER_ERROR_EXIT_CODE:
         return f"exited {code} (bad input)"
     return f"exited {code}"

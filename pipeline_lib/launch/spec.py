@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline_lib.config import PipelineConfig, parse_config
 from pipeline_lib.core import storage
+from pipeline_lib.core.exit_codes import EXIT_BAD_INPUT
 from pipeline_lib.planning.sharding import ShardPlan
 
 # 138 = 128 + SIGUSR1: the exit code Kubeflow's TFJob `restartPolicy: ExitCode` reserves for user-defined
@@ -18,7 +19,7 @@ PREEMPTION_EXIT_CODE = 138
 # A UserError in a worker (a model factory that rejects its params, a strategy this machine cannot run): the
 # worker prints one line, USER_ERROR_PREFIX + the message, and exits 2 (permanent, like a usage error); the
 # launcher raises it in the flow process as a WorkerInputError, a UserError the CLI prints as one line.
-USER_ERROR_EXIT_CODE = 2
+USER_ERROR_EXIT_CODE = EXIT_BAD_INPUT
 USER_ERROR_PREFIX = "tfdag user error: "
 # The chief writes its TrainResult here, in the run dir, before it exits 0.
 RESULT_NAME = "result.json"

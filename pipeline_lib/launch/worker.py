@@ -25,7 +25,6 @@ import os
 import signal
 import sys
 import threading
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -37,8 +36,8 @@ from pipeline_lib.cluster.info import ClusterInfo, cluster_from_env
 from pipeline_lib.cluster.preflight import run_preflight
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
-from pipeline_lib.core.errors import UserError
-from pipeline_lib.core.quiet import quiet_python_loggers
+from pipeline_lib.core.exit_codes import run_to_exit_code
+from pipeline_lib.core.quiet import is_verbose, quiet_python_loggers
 from pipeline_lib.data.manifest import load_manifest
 from pipeline_lib.launch.heartbeat import EvalOnHeartbeat, Heartbeat
 from pipeline_lib.launch.prometheus import TaskMetrics
@@ -48,7 +47,6 @@ from pipeline_lib.launch.spec import (
     PREEMPTION_EXIT_CODE,
     RESULT_FAULT_POINT,
     RESULT_NAME,
-    USER_ERROR_EXIT_CODE,
     USER_ERROR_PREFIX,
     WorkerSpec,
     load_spec,
@@ -267,16 +265,11 @@ def _to_stderr(text: str) -> None:
 
 
 def exit_code(body: Callable[[], int], report: Callable[[str], None]) -> int:
-    """`body()`'s exit code, or the exit code of the exception it raised, told to `report` in text (see the
-    module docstring): a UserError as one line naming the value and the fix, anything else as its traceback."""
-    try:
-        return body()
-    except UserError as error:  # the input is wrong: one line naming the value and the fix, no traceback
-        report(USER_ERROR_PREFIX + " ".join(str(error).split()))
-        return USER_ERROR_EXIT_CODE
-    except Exception:  # noqa: BLE001 - every other exception is reported the same way: traceback, exit 1
-        report(traceback.format_exc().rstrip("\n"))
-        return 1
+    """`body()`'s exit code, or the exit code of the exception it raised, told to `report` by the one-line rule
+    (`core.exit_codes`; see the module docstring): a UserError as one USER_ERROR_PREFIX line naming the value and
+    the fix, any other exception with its traceback (the launcher shows the tail)."""
+    return run_to_exit_code(body, report, prefix="tfdag worker: ", user_error_prefix=USER_ERROR_PREFIX,
+                            verbose=is_verbose(), failure_traceback=True)
 
 
 def main() -> None:

@@ -20,10 +20,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from pipeline_lib.cluster.info import ClusterInfo
-from pipeline_lib.core import storage
+from pipeline_lib.core import retry, storage
 from pipeline_lib.core.download import ChecksumMismatch, download_verified
 from pipeline_lib.core.paths import default_cache_dir
-from pipeline_lib.core.retry import retry_with_backoff
 from pipeline_lib.data.manifest import Manifest, ShardInfo
 from pipeline_lib.data.statistics import STATISTICS_NAME
 from pipeline_lib.planning.sharding import AutoShardPolicy, ShardPlan
@@ -31,8 +30,6 @@ from pipeline_lib.planning.sharding import AutoShardPolicy, ShardPlan
 logger = logging.getLogger(__name__)
 
 DATASETS_DIR = "datasets"
-DEFAULT_RETRIES = 3
-RETRY_BACKOFF_S = 1.0
 
 
 class StagingError(storage.StorageError):
@@ -115,11 +112,11 @@ def _is_verified(path: str, shard: ShardInfo) -> bool:
 
 
 def _fetch_shard(fs, remote_path: str, local_path: str, shard: ShardInfo, uri: str, retries: int) -> int:
-    """Download one shard, verified, retrying transient errors and checksum mismatches (a concurrent overwrite)."""
+    """Download one shard, verified, under the storage retry policy (a missing, refused or mismatching shard is
+    permanent)."""
     try:
-        return retry_with_backoff(lambda: download_verified(fs, remote_path, local_path, shard.sha256),
-                                  f"staging {uri}", retries=retries, backoff_s=RETRY_BACKOFF_S,
-                                  is_permanent=lambda error: isinstance(error, (FileNotFoundError, PermissionError)))
+        return retry.STORAGE_RETRY.call(lambda: download_verified(fs, remote_path, local_path, shard.sha256),
+                                        f"staging {uri}", retries=retries)
     except FileNotFoundError as error:
         raise StagingError(
             f"shard {uri} listed in the manifest of the dataset does not exist; the dataset is incomplete "
@@ -144,13 +141,13 @@ def _fetch_shard(fs, remote_path: str, local_path: str, shard: ShardInfo, uri: s
 
 
 def stage_files(manifest: Manifest, files: Iterable[str], *, cache_dir: str | None = None,
-                storage_options: dict[str, Any] | None = None, retries: int = DEFAULT_RETRIES) -> StageReport:
+                storage_options: dict[str, Any] | None = None, retries: int = retry.DEFAULT_RETRIES) -> StageReport:
     """Copy the given shards of a dataset to the local cache, verified against the manifest's sha256.
 
     Each file is streamed in chunks (never held in memory) to a temporary file and renamed into place only
     once its checksum matches, so the cache never holds a partial or wrong shard under its real name. A file
     already cached is reused when its size and sha256 match. Transient storage errors are retried with
-    exponential backoff; a checksum mismatch is retried too (a concurrent overwrite), then reported.
+    exponential backoff (`core.retry`); a checksum mismatch is reported at once.
 
     Args:
         manifest: the dataset manifest (remote `dataset_uri`).
@@ -163,7 +160,8 @@ def stage_files(manifest: Manifest, files: Iterable[str], *, cache_dir: str | No
         The StageReport (local directory, downloaded and reused files).
 
     Raises:
-        StagingError: a file is not in the manifest, missing, refused, or still wrong after the retries.
+        StagingError: a file is not in the manifest, missing, refused or not matching it, or the storage still
+            fails after the retries.
     """
     known = {s.path: s for s in manifest.shards}
     wanted = list(dict.fromkeys(files))

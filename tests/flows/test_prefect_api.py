@@ -67,12 +67,12 @@ def test_a_running_stack_with_ray_gives_its_api_and_its_ray_address(tmp_path, tf
     # `tfdag stack up --ray N && tfdag run examples/digits_ray.yaml`: the run finds the stack's Prefect server and,
     # unless RAY_ADDRESS is set, its Ray cluster (the session's stack, recorded with a Ray cluster under a new root).
     from flows import stack
-    from flows.ray_stack import RayClusterRecord
+    from flows.stack.ray_cluster import RayClusterRecord
 
     root = tmp_path / ".tfdag"
     ray = RayClusterRecord(address="127.0.0.2:6390", dashboard_url="http://127.0.0.2:8265", temp_dir=str(tmp_path),
                            num_nodes=3)
-    stack._write_state(root, tfdag_stack.state.model_copy(update={"root": str(root), "ray": ray}))
+    stack.write_state(root, tfdag_stack.state.model_copy(update={"root": str(root), "ray": ray}))
     environ: dict[str, str] = {}
     chosen = choose_prefect_api(root, environ)
     assert (chosen.source, chosen.url) == ("tfdag stack", tfdag_stack.state.prefect_api_url)

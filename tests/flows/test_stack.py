@@ -40,7 +40,7 @@ def test_choose_port_prefers_the_default_and_refuses_a_taken_configured_port():
 def test_a_port_variable_that_is_not_a_number_is_named(monkeypatch):
     monkeypatch.setenv("TFDAG_PREFECT_PORT", "http")
     with pytest.raises(stack.StackError, match=r"TFDAG_PREFECT_PORT \('http'\) must be a port number"):
-        stack._env_port("TFDAG_PREFECT_PORT")
+        stack.env_port("TFDAG_PREFECT_PORT")
 
 
 def test_stop_process_stops_the_recorded_process_and_its_children(tmp_path):
@@ -76,7 +76,7 @@ def test_down_stops_the_recorded_services_worker_first_and_forgets_the_state(tmp
     state = stack.StackState(root=str(root), project_dir=str(tmp_path), prefect_ui_url="http://127.0.0.1:1",
                              prefect_api_url="http://127.0.0.1:1/api", mlflow_url="http://127.0.0.1:2",
                              work_pool=stack.WORK_POOL, services=records)
-    stack._write_state(root, state)
+    stack.write_state(root, state)
     assert stack.read_state(root) == state
 
     out = io.StringIO()
@@ -84,7 +84,7 @@ def test_down_stops_the_recorded_services_worker_first_and_forgets_the_state(tmp
     assert all(f"pid {r.pid}" in out.getvalue() for r in records)
 
     lines = stack.stack_down(root)
-    assert [line.split()[0] for line in lines] == ["worker", "prefect-server", "mlflow-server"]
+    assert [line.split()[0] for line in lines] == ["worker", "mlflow-server", "prefect-server"]  # reverse start order
     assert all(stack.find_process(r) is None for r in records)
     assert stack.read_state(root) is None
     out = io.StringIO()
@@ -98,7 +98,7 @@ def test_status_reports_a_dead_service(tmp_path):
     stack.stop_process(record)
     state = stack.StackState(root=str(root), project_dir=str(tmp_path), prefect_ui_url="u", prefect_api_url="u/api",
                              mlflow_url="m", work_pool=stack.WORK_POOL, services=(record,))
-    stack._write_state(root, state)
+    stack.write_state(root, state)
     out = io.StringIO()
     assert stack.stack_command("status", root=root, out=out) == 1
     assert "not running" in out.getvalue()

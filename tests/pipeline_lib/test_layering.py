@@ -1,4 +1,5 @@
-"""The library's shape: no Prefect, no import cycle, and imports only down the stage order."""
+"""The project's shape: the library has no Prefect, no import cycle and imports only down the stage order; tasks
+import only the library (and Prefect), flows import tasks and the library, and no module grows past one concern."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-LIB = Path(__file__).resolve().parents[2] / "pipeline_lib"
+PROJECT = Path(__file__).resolve().parents[2]
+LIB = PROJECT / "pipeline_lib"
+# The layers above the library, lowest first: tasks wrap stage functions, flows compose tasks (and the CLI).
+APP_LAYERS = ("tasks", "flows")
+APP_FORBIDDEN_ROOTS = ("tests", "bench")  # test support and benchmarks import the product, never the reverse
+MAX_MODULE_LINES = 450  # "about 400": one concern a module
 
 # The order of the layers, lowest first: a module may import its own package and the layers below it.
 # Packages on one layer may import each other as long as no circle forms (planning reads data's manifest).
@@ -180,9 +186,55 @@ def test_the_layering_check_allows_a_lazy_import_of_test_support_and_imports_dow
     assert check_layering(_write_tree(tmp_path, files)) == []
 
 
-def test_no_library_module_exceeds_the_size_of_one_concern():
-    long = {str(p.relative_to(LIB.parent)): n for p in LIB.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > 450}
+def check_app_layering(project: Path) -> list[str]:
+    """Every import of tasks/ and flows/ against APP_LAYERS (tasks never import flows), and their import cycles."""
+    files = {_module_name(p, project / package): p
+             for package in APP_LAYERS if (project / package).is_dir() for p in sorted((project / package).rglob("*.py"))}
+    modules = set(files)
+    problems: list[str] = []
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in files.items():
+        own = module.split(".")[0]
+        for target, _at_top, line in _imports(path, project / own, modules):
+            other = target.split(".")[0]
+            if other in APP_FORBIDDEN_ROOTS:
+                problems.append(f"{path.relative_to(project)}:{line}: {own} imports {target}, which is not product code")
+            if other in APP_LAYERS and APP_LAYERS.index(other) > APP_LAYERS.index(own):
+                problems.append(f"{path.relative_to(project)}:{line}: {own} imports {target}; {own} imports only "
+                                f"the layers below it ({', '.join(APP_LAYERS[:APP_LAYERS.index(own)]) or 'none'} "
+                                "and pipeline_lib)")
+            if target in modules and target != module:
+                graph[module].add(target)
+    return problems + [f"import cycle: {' -> '.join(cycle)}" for cycle in _cycles(graph)]
+
+
+def test_tasks_and_flows_import_only_down_without_cycles():
+    problems = check_app_layering(PROJECT)
+    assert problems == [], "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"tasks/stages.py": "from flows import pipeline\n", "flows/pipeline.py": ""},
+         "tasks/stages.py:1: tasks imports flows.pipeline"),
+        ({"flows/a.py": "from flows.b import x\n", "flows/b.py": "def f():\n    from flows import a\n"},
+         "import cycle: flows.a -> flows.b -> flows.a"),
+        ({"flows/cli.py": "import tests.servers\n"}, "flows/cli.py:1: flows imports tests.servers"),
+    ],
+    ids=["tasks-import-flows", "flows-cycle", "flows-import-tests"],
+)
+def test_the_app_layering_check_finds_each_kind_of_violation(tmp_path, files, expected):
+    for name, text in {"tasks/__init__.py": "", "flows/__init__.py": "", **files}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert any(expected in p for p in check_app_layering(tmp_path)), check_app_layering(tmp_path)
+
+
+@pytest.mark.parametrize("package", ["pipeline_lib", *APP_LAYERS])
+def test_no_module_exceeds_the_size_of_one_concern(package):
+    long = {str(p.relative_to(PROJECT)): n for p in (PROJECT / package).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
     assert long == {}, f"split these modules by concern (at most ~400 lines each): {long}"
 
 

@@ -1,4 +1,4 @@
-"""A real Ray cluster for the tests: a head and 2 worker nodes on 127.0.0.2 (`flows.ray_stack`, the same cluster
+"""A real Ray cluster for the tests: a head and 2 worker nodes on 127.0.0.2 (`flows.stack.ray_cluster`, the same
 `tfdag stack up --ray 3` starts), and this process connected to it as the driver.
 
 Every node and the driver use 127.0.0.2 (Ray rewrites 127.0.0.1 and localhost to this machine's network address;
@@ -22,7 +22,7 @@ from tests.pipeline_lib.launch_support import REPO_ROOT
 from tests.stores.conftest import s3, s3_server  # noqa: F401 - the S3 fixtures, shared with tests/stores
 
 RAY_IP = "127.0.0.2"
-WORKER_NODE = "tfdag_worker_node"  # flows.ray_stack.WORKER_NODE: every node but the head
+WORKER_NODE = "tfdag_worker_node"  # flows.stack.ray_cluster.WORKER_NODE: every node but the head
 LABELS = ("node_head", "node_1", "node_2")
 
 
@@ -40,7 +40,7 @@ def _require_ray() -> None:
 class RayCluster:
     """The running test cluster: its record, and which node carries which label."""
 
-    record: object  # flows.ray_stack.RayClusterRecord
+    record: object  # flows.stack.ray_cluster.RayClusterRecord
     node_of_label: dict[str, str]  # label -> node id
 
     @property
@@ -68,10 +68,10 @@ class RayCluster:
 
     def add_node(self, label: str) -> str:
         """Start one more worker node with `label` (and WORKER_NODE); returns its node id once it is alive."""
-        from flows import ray_stack
+        from flows.stack import ray_cluster
 
-        ray_stack.add_node(self.record, label)
-        nodes = ray_stack.wait_for_nodes(self.record, len(self.node_of_label) + 1)
+        ray_cluster.add_node(self.record, label)
+        nodes = ray_cluster.wait_for_nodes(self.record, len(self.node_of_label) + 1)
         node_id = next(n["node_id"] for n in nodes if label in n["resources_total"])
         self.node_of_label[label] = node_id
         return node_id
@@ -89,14 +89,14 @@ def ray_cluster(s3_server) -> Iterator[RayCluster]:  # noqa: F811 - the imported
     _require_ray()
     import ray
 
-    from flows import ray_stack
+    from flows.stack import ray_cluster
 
     env = dict(os.environ)
     env.update({"PYTHONPATH": os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p),
                 "TFDAG_CACHE_DIR": tempfile.mkdtemp(prefix="tfdag-ray-cache-"), "TF_CPP_MIN_LOG_LEVEL": "2"})
-    record = ray_stack.start_ray_cluster(len(LABELS), env=env)
+    record = ray_cluster.start_ray_cluster(len(LABELS), env=env)
     try:
-        nodes = ray_stack.wait_for_nodes(record, len(LABELS))  # asserts every node is on 127.0.0.0/8
+        nodes = ray_cluster.wait_for_nodes(record, len(LABELS))  # asserts every node is on 127.0.0.0/8
         assert {n["node_ip"] for n in nodes} == {RAY_IP}
         labels = {label: n["node_id"] for n in nodes for label in LABELS if label in n["resources_total"]}
         assert sorted(labels) == sorted(LABELS)
@@ -105,4 +105,4 @@ def ray_cluster(s3_server) -> Iterator[RayCluster]:  # noqa: F811 - the imported
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        ray_stack.stop_ray_cluster(record)
+        ray_cluster.stop_ray_cluster(record)

@@ -43,3 +43,21 @@ def test_permanent_errors_are_not_retried(monkeypatch):
         retry.retry_with_backoff(fn, "x", retries=3, backoff_s=1.0,
                                  is_permanent=lambda error: isinstance(error, FileNotFoundError))
     assert calls["n"] == 1
+
+
+def test_the_storage_policy_retries_io_errors_and_never_missing_refused_or_mismatching_objects(monkeypatch):
+    from pipeline_lib.core.download import ChecksumMismatch
+    from pipeline_lib.core.errors import UserError
+    from pipeline_lib.core.storage import StorageUnavailable
+
+    permanent = [FileNotFoundError("gone"), PermissionError("refused"), ChecksumMismatch("ab" * 32, 3),
+                 UserError("bad input")]
+    transient = [ConnectionError("blip"), TimeoutError("slow"), OSError("reset"), StorageUnavailable("outage")]
+    assert [retry.is_permanent(e) for e in permanent] == [True] * len(permanent)
+    assert [retry.is_permanent(e) for e in transient] == [False] * len(transient)
+    waits = []
+    monkeypatch.setattr(retry.time, "sleep", waits.append)
+    fn, calls = _flaky([OSError("reset"), ChecksumMismatch("ab" * 32, 3)])
+    with pytest.raises(ChecksumMismatch):
+        retry.RetryPolicy(retries=5, backoff_s=0.25).call(fn, "downloading x")
+    assert calls["n"] == 2 and waits == [0.25]

@@ -9,7 +9,7 @@ import fsspec
 import pytest
 
 from pipeline_lib.cluster.info import ClusterInfo
-from pipeline_lib.core import storage
+from pipeline_lib.core import retry, storage
 from pipeline_lib.planning.sharding import AutoShardPolicy
 from pipeline_lib.training import input_pipeline, staging
 from tests.conftest import make_plan, write_dataset
@@ -93,7 +93,8 @@ def test_a_corrupted_cached_file_is_downloaded_again(remote, tmp_path):
 
 
 def test_a_remote_shard_that_does_not_match_the_manifest_is_refused(remote, tmp_path, monkeypatch):
-    monkeypatch.setattr(staging, "RETRY_BACKOFF_S", 0.0)
+    # The object is not the one the manifest records: permanent under the storage retry policy.
+    monkeypatch.setattr(retry.time, "sleep", lambda s: pytest.fail("a checksum mismatch was retried"))
     shard = remote.shards_for("train")[0]
     fsspec.filesystem("memory").pipe_file(f"{remote.dataset_uri.removeprefix('memory://')}/{shard.path}",
                                           b"not a tfrecord")
@@ -116,7 +117,7 @@ def test_a_missing_remote_shard_names_its_uri(remote, tmp_path):
 
 
 def test_transient_errors_are_retried(remote, tmp_path, monkeypatch):
-    monkeypatch.setattr(staging, "RETRY_BACKOFF_S", 0.0)
+    monkeypatch.setattr(retry, "STORAGE_RETRY", retry.RetryPolicy(backoff_s=0.0))
     real_open = fsspec.implementations.memory.MemoryFileSystem._open
     calls = {"n": 0}
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -22,13 +20,14 @@ from collections.abc import Mapping
 import psutil
 from pydantic import BaseModel, ConfigDict
 
+from flows.stack.processes import StackError, console_script, end_processes, run_command
 from pipeline_lib.core.net import free_ports
 
 RAY_HOST = "127.0.0.2"
 WORKER_NODE = "tfdag_worker_node"  # on every node but the head
 
 
-class RayClusterError(RuntimeError):
+class RayClusterError(StackError):
     """The local Ray cluster could not start; the message has `ray start`'s output."""
 
 
@@ -48,16 +47,8 @@ class RayClusterRecord(BaseModel):
         return "node_head" if index == 0 else f"node_{index}"
 
 
-def _ray_bin() -> str:
-    return os.path.join(os.path.dirname(sys.executable), "ray")
-
-
 def _ray_start(args: list[str], env: Mapping[str, str]) -> None:
-    command = [_ray_bin(), "start", *args]
-    done = subprocess.run(command, env=dict(env), capture_output=True, text=True, timeout=180, check=False)
-    if done.returncode != 0:
-        raise RayClusterError(f"{' '.join(command)} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n"
-                              f"{done.stderr[-3000:]}")
+    run_command([console_script("ray"), "start", *args], env=env, timeout_s=180, error=RayClusterError)
 
 
 def add_node(record: RayClusterRecord, label: str) -> None:
@@ -141,6 +132,7 @@ def stop_ray_cluster(record: RayClusterRecord, timeout_s: float = 10.0) -> str:
     """Kill this cluster's processes and their children, by pid; returns what was done."""
     me = os.getpid()
     found: dict[int, psutil.Process] = {}
+    # Found by command line, not by a recorded pid: `ray start` daemonizes its raylets and GCS.
     for proc in psutil.process_iter(["pid", "cmdline"]):
         args = proc.info["cmdline"] or []
         if proc.pid != me and any(record.temp_dir in a or record.address in a for a in args):
@@ -152,11 +144,6 @@ def stop_ray_cluster(record: RayClusterRecord, timeout_s: float = 10.0) -> str:
                     found.setdefault(child.pid, child)
         except psutil.Error:
             pass
-    for proc in found.values():
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(list(found.values()), timeout=timeout_s)
+    end_processes(found.values(), timeout_s, graceful=False)
     shutil.rmtree(record.temp_dir, ignore_errors=True)
     return f"ray cluster {record.address}: stopped {len(found)} process(es)"
