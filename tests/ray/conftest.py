@@ -26,6 +26,16 @@ WORKER_NODE = "tfdag_worker_node"  # flows.ray_stack.WORKER_NODE: every node but
 LABELS = ("node_head", "node_1", "node_2")
 
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Every Ray test in one pytest-xdist worker (`--dist loadgroup`), so the session cluster starts once."""
+    for item in items:
+        if str(item.path).startswith(HERE + os.sep):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
 def _require_ray() -> None:
     try:
         import ray  # noqa: F401
@@ -76,6 +86,10 @@ class RayCluster:
         self.node_of_label[label] = node_id
         return node_id
 
+    def forget_node(self, node_id: str) -> None:
+        """Drop a node a test killed: no label points at a dead node."""
+        self.node_of_label = {label: node for label, node in self.node_of_label.items() if node != node_id}
+
     def raylet_pid(self, node_id: str) -> int:
         for proc in psutil.process_iter(["pid", "cmdline"]):
             args = proc.info["cmdline"] or [""]
@@ -106,3 +120,4 @@ def ray_cluster(s3_server) -> Iterator[RayCluster]:  # noqa: F811 - the imported
         if ray.is_initialized():
             ray.shutdown()
         ray_stack.stop_ray_cluster(record)
+
