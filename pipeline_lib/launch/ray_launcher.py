@@ -55,6 +55,7 @@ STATUS_TIMEOUT_S = 10.0
 STATUS_INTERVAL_S = 0.5
 PROBE_TIMEOUT_S = 5.0
 KILL_TIMEOUT_S = 10.0
+RAYLET_PROBE_TIMEOUT_S = 1.0
 # Ray's names for resources an actor requests with its own arguments; the rest are custom resources.
 _BUILTIN = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
 
@@ -103,6 +104,40 @@ def _probe(address: str) -> None:
 
 def _alive_nodes() -> list[dict[str, Any]]:
     return [n for n in _ray().nodes() if n.get("Alive")]
+
+
+def _raylet_answers(node: Mapping[str, Any]) -> bool:
+    try:
+        socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])),
+                                 timeout=RAYLET_PROBE_TIMEOUT_S).close()
+    except (OSError, KeyError, ValueError):
+        return False
+    return True
+
+
+def wait_until_lost_nodes_are_dead(node_ids: set[str], timeout_s: float) -> None:
+    """Return once no node of `node_ids` (whose actors were lost) is a node Ray could still place a bundle on.
+
+    A node whose raylet was killed stays ALIVE in the GCS until its health checks fail (seconds to tens of
+    seconds): a placement group made meanwhile may take it. A node whose raylet still answers (only an actor
+    died) is a fine place for the next attempt and is not waited for.
+
+    Raises:
+        LaunchError: a lost node is still listed alive after `timeout_s`, naming the node and the setting.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pending = [n for n in _alive_nodes() if n["NodeID"] in node_ids and not _raylet_answers(n)]
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            names = ", ".join(f"{n['NodeID'][:12]} ({n.get('NodeManagerAddress', '?')})" for n in pending)
+            raise LaunchError(
+                f"Ray node(s) {names} lost in this run (their raylet does not answer) are still listed alive by the "
+                f"GCS after train.ray.placement_timeout_s ({timeout_s:g} s), and the next attempt could be placed on "
+                "them; raise train.ray.placement_timeout_s, or lower the GCS's health-check period "
+                "(RAY_health_check_period_ms, RAY_health_check_failure_threshold)")
+        time.sleep(0.5)
 
 
 def check_cluster(config: PipelineConfig, num_tasks: int) -> None:
@@ -229,6 +264,7 @@ class RayGroup:
         self.placement_group: Any = None
         self.actors: dict[str, tuple[Any, str, str]] = {}  # task name -> (actor, node ip, node id)
         self.started: list[RayTaskHandle] = []
+        self.lost_nodes: set[str] = set()  # nodes on which an actor of this run was lost
 
     def plan_attempt(self) -> list[TaskSpec]:
         ray = _ray()
@@ -239,6 +275,8 @@ class RayGroup:
         self.attempt += 1
         layout = plan_tasks(self.config)
         ray_config = self.config.train.ray
+        # Never on a node just lost: its raylet may be dead while the GCS still lists it alive.
+        wait_until_lost_nodes_are_dead(self.lost_nodes, ray_config.placement_timeout_s)
         check_cluster(self.config, len(layout))
         bundle = dict(ray_config.resources_per_worker)
         strategy = "STRICT_SPREAD" if ray_config.placement == RayPlacement.SPREAD else "PACK"
@@ -295,6 +333,7 @@ class RayGroup:
     def end_attempt(self) -> None:
         """Kill every actor of the attempt (started or not) and remove its placement group."""
         ray = _ray()
+        self.lost_nodes |= {handle.node_id for handle in self.started if handle.lost is not None}
         for actor, _, _ in self.actors.values():
             try:
                 ray.kill(actor, no_restart=True)

@@ -26,6 +26,8 @@ WORKER_NODE = "tfdag_worker_node"  # flows.stack.ray_cluster.WORKER_NODE: every 
 LABELS = ("node_head", "node_1", "node_2")
 
 
+
+
 def _require_ray() -> None:
     try:
         import ray  # noqa: F401
@@ -76,6 +78,10 @@ class RayCluster:
         self.node_of_label[label] = node_id
         return node_id
 
+    def forget_node(self, node_id: str) -> None:
+        """Drop a node a test killed: no label points at a dead node."""
+        self.node_of_label = {label: node for label, node in self.node_of_label.items() if node != node_id}
+
     def raylet_pid(self, node_id: str) -> int:
         for proc in psutil.process_iter(["pid", "cmdline"]):
             args = proc.info["cmdline"] or [""]
@@ -106,3 +112,4 @@ def ray_cluster(s3_server) -> Iterator[RayCluster]:  # noqa: F811 - the imported
         if ray.is_initialized():
             ray.shutdown()
         ray_cluster.stop_ray_cluster(record)
+

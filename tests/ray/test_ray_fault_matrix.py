@@ -23,17 +23,17 @@ from tests.ray.conftest import RAY_IP
 
 pytestmark = pytest.mark.slow
 
-# A Ray case takes 1–2 minutes on 2 cores (actors and worker processes start again at every attempt), so `make test`
-# runs one case of each kind: a kill at start-up (seen through the actor's heartbeat), at the first step and after
-# the final checkpoint; a SIGSTOP while stepping, saving and finishing; a second fault during the restart; SIGTERM
-# in the last 10 steps. `TFDAG_RAY_FAULT_MATRIX=full` runs every case of the matrix here (about 25 more minutes).
+# A Ray case takes 20–40 s on 2 cores (actors and worker processes start again at every attempt), and the per-phase
+# bounds are the supervisor's, launcher-independent and covered by the local matrix (which runs every case). So
+# `make test` runs one case per Ray plumbing path: a hang seen through the actor's heartbeat (SIGSTOP while stepping),
+# an exit seen through the actor (SIGKILL at the first step), a kill at start-up, a second fault during the restart,
+# the preemption exit code (SIGTERM in the last 10 steps) and the result after the final checkpoint.
+# `TFDAG_RAY_FAULT_MATRIX=full` runs every case of the matrix here (SIGSTOP while saving and finishing among them).
 IN_MAKE_TEST = {
     "test_chief_sigkilled_during_start_up",
     "test_non_chief_sigkilled_at_its_first_step",
     "test_chief_sigkilled_after_the_final_checkpoint_resumes_at_the_final_step",
     "test_non_chief_sigstopped_while_stepping_is_caught_as_a_hang",
-    "test_chief_sigstopped_while_saving_is_caught_as_a_hang",
-    "test_chief_sigstopped_while_finishing_is_caught_as_a_hang",
     "test_a_second_fault_during_the_restart_the_first_caused",
     "test_non_chief_preempted_in_its_last_10_steps",
 }

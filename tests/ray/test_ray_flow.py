@@ -16,8 +16,9 @@ def test_the_pipeline_flow_trains_on_ray_through_the_train_task(tmp_path, prefec
 
     from flows.pipeline import training_pipeline
 
-    values = digits_config(tmp_path, strategy="multi_worker_mirrored", cpu_replicas=None, workers=2, epochs=8,
-                           launcher="ray", ray={"address": ray_cluster.address, "node_ip_address": RAY_IP})
+    values = digits_config(tmp_path, strategy="multi_worker_mirrored", cpu_replicas=None, workers=2, epochs=3,
+                           base_learning_rate=0.01, launcher="ray",
+                           ray={"address": ray_cluster.address, "node_ip_address": RAY_IP})
     config = parse_config(values)
     summary = training_pipeline(config)
     assert summary.metrics["accuracy"] >= 0.9 and summary.blessed
