@@ -26,8 +26,6 @@ WORKER_NODE = "tfdag_worker_node"  # flows.stack.ray_cluster.WORKER_NODE: every 
 LABELS = ("node_head", "node_1", "node_2")
 
 
-
-
 def _require_ray() -> None:
     try:
         import ray  # noqa: F401
