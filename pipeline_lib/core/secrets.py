@@ -152,8 +152,8 @@ def secrets_context(env: SecretEnv | None = None, *, reveal: bool = False) -> di
 def serialize_secrets(value: Any, context: Any, where: str = "") -> Any:
     """How a config writes a field that may hold credentials: settings (storage options, a runtime env) or a URL.
 
-    The one serializer of credentials: under a secret name (at any depth) a literal becomes MASK, a `${NAME}`
-    reference stays; a URL's password likewise. `context` is pydantic's serialization context (see
+    The one serializer of credentials: under a secret name (at any depth) a literal becomes MASK, a `${NAME}` or
+    `${SCHEME:NAME}` reference stays; a URL's password likewise. `context` is pydantic's serialization context (see
     `secrets_context`): None masks.
     """
     mode = context.get(CONTEXT_KEY) if isinstance(context, Mapping) else None
@@ -167,7 +167,7 @@ def mask_secrets(values: Mapping[str, Any] | None, env: SecretEnv | None = None)
     by a reference to a variable in `env`), and the password of every URL likewise.
 
     Nested mappings (fsspec's `client_kwargs`, say) are masked the same way; a secret name masks its whole value,
-    nested or not, except a `${NAME}` reference, which names a variable, not its value.
+    nested or not, except a reference (`is_reference`), which names where the secret is, not its value.
 
     Args:
         values: environment variables, storage_options or any other settings; None reads as empty.
