@@ -73,8 +73,9 @@ class PipelineConfig(_Frozen):
 
         Each literal secret becomes a `${TFDAG_SECRET_…}` reference in the values and a variable of the returned
         environment: a launcher puts that environment in the process's own (a child's env; on Ray, through the
-        in-memory call that starts the task's worker), never in a file or a parameter. References already in the
-        config stay as they are.
+        in-memory call that starts the task's worker), never in a file or a parameter. A `${VARIABLE}` reference
+        stays as it is (the process reads its own environment); a `${SCHEME:NAME}` reference to a store's secret (a
+        Prefect Secret block) is resolved here, where its resolver is registered, and moved like a literal secret.
 
         Returns:
             (the JSON-ready values, {variable: secret}).

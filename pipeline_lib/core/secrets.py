@@ -192,12 +192,13 @@ def _masked(name: str, value: Any, where: str, env: SecretEnv | None, *, secret:
         return [_masked(name, item, f"{where}_{i}", env, secret=secret) for i, item in enumerate(value)]
     if not isinstance(value, str):
         return value  # a number in a process's own copy (the strings beside it are references)
+    if value == MASK:
+        return value
+    if is_reference(value):
+        # Kept as written (under any name): the process that opens the storage resolves it, a `${NAME}` from its own
+        # environment; for another process a store's secret is resolved here (SecretEnv.referenced).
+        return env.referenced(where, value) if env is not None else value
     if secret:
-        # Kept as written: the process that opens the storage resolves the reference from its own environment.
-        if value == MASK:
-            return value
-        if is_reference(value):
-            return env.referenced(where, value) if env is not None else value
         return env.reference(where, value) if env is not None else MASK
     return _mask_url_password(value, where, env)
 

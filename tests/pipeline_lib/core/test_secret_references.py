@@ -98,3 +98,11 @@ def test_is_inline_tells_content_from_a_path_or_a_config(tmp_path):
     path.write_text("data: {source: x, label: y}\n")
     assert is_inline("data:\n  source: x\n") and is_inline("{data: {source: x, label: y}}") and is_inline({})
     assert not is_inline(str(path)) and not is_inline(parse_config({"data": {"source": "x", "label": "y"}}))
+
+
+def test_a_store_reference_under_any_name_reaches_a_process_as_a_variable(lookups):
+    env = SecretEnv()
+    written = mask_secrets({"client_kwargs": {"endpoint_url": "${test-store:aws-key}", "region_name": "${REGION}"}},
+                           env)
+    assert written["client_kwargs"]["region_name"] == "${REGION}"
+    assert env.env[written["client_kwargs"]["endpoint_url"][2:-1]] == STORE["aws-key"]
