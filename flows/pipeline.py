@@ -325,8 +325,8 @@ def refuse_recorded_secrets(found: list[str], parameter: str, masked_parameters:
     except Exception as error:  # noqa: BLE001 - see the docstring
         replaced = f"; replacing the recorded copy failed ({type(error).__name__})"
     raise ConfigError(
-        f"{parameter} holds a literal secret at {', '.join(found)}: Prefect records an inline config (YAML text or a "
-        f"mapping) as the flow run's parameter as it is{replaced}; write it as a \"${{VARIABLE}}\" reference or a "
+        f"{parameter} holds a literal secret at {', '.join(found)}: Prefect records the flow run's parameter as it was "
+        f"given (inline YAML, a mapping, overrides){replaced}; write the secret as a \"${{VARIABLE}}\" reference or a "
         f"\"${{{PREFECT_SECRET_SCHEME}:BLOCK_NAME}}\" reference to a Prefect Secret block, or pass the path of a "
         "YAML file (or a PipelineConfig from Python) instead")
 
