@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import time
 from pathlib import Path
+from typing import Any
 
 from pipeline_lib.core.quiet import import_tensorflow
 
@@ -18,7 +19,8 @@ from prefect.exceptions import TerminationSignal
 from prefect.states import Completed, State
 from pydantic import BaseModel, ConfigDict
 
-from pipeline_lib.config import PipelineConfig, resolve_config
+from pipeline_lib.config import ConfigError, PipelineConfig, resolve_config
+from pipeline_lib.config.pipeline import is_inline
 from pipeline_lib.core import events, runs, storage
 from pipeline_lib.data import demo as demo_data
 from pipeline_lib.data.statistics import load_statistics
@@ -32,12 +34,16 @@ from pipeline_lib.tracking.baseline import baseline_artifacts
 from pipeline_lib.tracking.params import pipeline_params
 from pipeline_lib.tracking.run import RunStatus
 from pipeline_lib.training import strategy
+from tasks import secrets as prefect_secrets
 from tasks import stages
 from tasks.retrain import evaluate_champion, find_champion
 
 DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "examples" / "digits.yaml")
 # The name of the Completed state of a pipeline run whose model the gate did not bless.
 NOT_BLESSED_STATE = "Not blessed"
+# Imported above, tasks.secrets makes `${prefect-secret:NAME}` references (Prefect Secret blocks) resolvable in a
+# flow's process; the launchers hand the values on to the worker processes (PipelineConfig.for_process).
+PREFECT_SECRET_SCHEME = prefect_secrets.SCHEME
 
 
 class PipelineSummary(BaseModel):
@@ -296,14 +302,60 @@ def final_state(summary: PipelineSummary) -> PipelineSummary | State:
     return Completed(name=NOT_BLESSED_STATE, message=f"trained, not blessed: {summary.gate.reason}", data=summary)
 
 
+def refuse_recorded_secrets(found: list[str], parameter: str, masked_parameters: dict[str, Any]) -> None:
+    """Fail the flow run, before any stage, when its recorded parameters hold a literal secret.
+
+    Prefect records a flow run's parameters before any flow code runs, and an inline config (YAML text or a
+    mapping) as it was given. The recorded parameters are replaced by `masked_parameters` first (best effort: the
+    error is what matters).
+
+    Args:
+        found: the key paths of the literal secrets (empty: nothing to refuse).
+        parameter: the parameter that holds them, as the message names it.
+        masked_parameters: every parameter of the run, the secrets masked.
+
+    Raises:
+        ConfigError: one line naming the keys, why, and the two references that work.
+    """
+    if not found:
+        return
+    try:
+        prefect_secrets.replace_recorded_parameters(masked_parameters)
+        replaced = "; the recorded copy was replaced by its masked form"
+    except Exception as error:  # noqa: BLE001 - see the docstring
+        replaced = f"; replacing the recorded copy failed ({type(error).__name__})"
+    raise ConfigError(
+        f"{parameter} holds a literal secret at {', '.join(found)}: Prefect records the flow run's parameter as it was "
+        f"given (inline YAML, a mapping, overrides){replaced}; write the secret as a \"${{VARIABLE}}\" reference or a "
+        f"\"${{{PREFECT_SECRET_SCHEME}:BLOCK_NAME}}\" reference to a Prefect Secret block, or pass the path of a "
+        "YAML file (or a PipelineConfig from Python) instead")
+
+
+def load_flow_config(config: PipelineConfig | str) -> PipelineConfig:
+    """The `config` parameter of the training-pipeline flow as a PipelineConfig, refused (refuse_recorded_secrets)
+    when Prefect recorded it inline with a literal secret.
+
+    What Prefect recorded decides, not the argument: Prefect validates a mapping into a PipelineConfig before the
+    flow runs, and records a PipelineConfig masked but a mapping as it was given.
+    """
+    recorded = prefect_secrets.recorded_parameters() or {"config": config}
+    given = recorded.get("config", config)
+    if is_inline(given):
+        inline = resolve_config(given)
+        masked = inline.masked_yaml() if isinstance(given, str) else inline.model_dump(mode="json", by_alias=True)
+        refuse_recorded_secrets(inline.literal_secrets(), "config", {**recorded, "config": masked})
+    return resolve_config(config)
+
+
 @flow(name="training-pipeline", log_prints=True)
 def training_pipeline(config: PipelineConfig | str = DEFAULT_CONFIG) -> PipelineSummary:
     """Run the whole training pipeline.
 
     Args:
-        config: the pipeline configuration: a YAML path, inline YAML, or the config itself.
+        config: the pipeline configuration: a YAML path, inline YAML, or the config itself. Inline YAML (or a
+            mapping) is recorded by Prefect as it is, so it must hold no literal secret (see load_flow_config).
 
     Returns:
         The PipelineSummary. The flow run ends Completed, named "Not blessed" when the gate did not bless the model.
     """
-    return final_state(run_pipeline(resolve_config(config)))  # type: ignore[return-value]  # Prefect unwraps it
+    return final_state(run_pipeline(load_flow_config(config)))  # type: ignore[return-value]  # Prefect unwraps it

@@ -26,9 +26,12 @@ from flows.pipeline import (
     PipelineSummary,
     end_tracking_run,
     final_state,
+    refuse_recorded_secrets,
     run_pipeline,
 )
 from pipeline_lib.config import ConfigError, PipelineConfig, resolve_config
+from pipeline_lib.config.pipeline import is_inline
+from pipeline_lib.core.secrets import mask_secrets
 from pipeline_lib.data import demo as demo_data
 from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.tracking import registry
@@ -82,12 +85,23 @@ class RetrainResult(BaseModel):
 def load_retrain_config(params: RetrainParameters) -> PipelineConfig:
     """The pipeline config with the overrides applied, checked for what retraining needs.
 
+    Prefect records the parameters as given: a literal secret in inline YAML or in an override is refused
+    (flows.pipeline.refuse_recorded_secrets); one in a YAML file named by its path is not recorded.
+
     Raises:
-        ConfigError: when the config is invalid or has no registered model to compare against.
+        ConfigError: when the config is invalid, holds a literal secret Prefect recorded, or has no registered model
+            to compare against.
     """
-    config = resolve_config(params.config)
+    given = resolve_config(params.config)
+    config = given
     if params.overrides:
         config = registry.apply_overrides(config, params.overrides, source=f"overrides of {params.config}")
+    inline = is_inline(params.config)
+    found = [where for where in config.literal_secrets()
+             if inline or any(where == key or where.startswith((f"{key}.", f"{key}[")) for key in params.overrides)]
+    masked = params.model_dump(mode="json") | {"config": given.masked_yaml() if inline else params.config,
+                                               "overrides": mask_secrets(params.overrides)}
+    refuse_recorded_secrets(found, "params.config" if inline else "params.overrides", {"params": masked})
     if not config.tracking.enabled or not config.tracking.registered_model:
         raise ConfigError(
             f"tracking.registered_model ({config.tracking.registered_model!r}) with tracking.enabled "

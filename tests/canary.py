@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,10 +104,15 @@ def search_prefect(canary: Canary, flow_run_id: str) -> dict[str, Any]:
         for artifact in client.read_artifacts(
                 artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))):
             canary.text(f"Prefect artifact {artifact.key or artifact.id}", artifact.model_dump_json())
-        # The events of the run and its task runs: the server's event store keeps their payloads.
-        page = client._client.post("/events/filter", json={"limit": 50, "filter": {
-            "any_resource": {"id_prefix": ["prefect.flow-run.", "prefect.task-run."]},
-            "occurred": {"since": flow_run.created.isoformat()}}}).json()
+        # The events of the run and its task runs: the server's event store keeps their payloads. It writes them
+        # a moment after they occur: a run that ended a second ago may have none stored yet.
+        for _ in range(40):
+            page = client._client.post("/events/filter", json={"limit": 50, "filter": {
+                "any_resource": {"id_prefix": ["prefect.flow-run.", "prefect.task-run."]},
+                "occurred": {"since": flow_run.created.isoformat()}}}).json()
+            if page.get("events"):
+                break
+            time.sleep(0.5)
         num_events = 0
         for _ in range(40):  # 50 a page
             for event in page.get("events", []):

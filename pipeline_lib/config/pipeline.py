@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +73,9 @@ class PipelineConfig(_Frozen):
 
         Each literal secret becomes a `${TFDAG_SECRET_…}` reference in the values and a variable of the returned
         environment: a launcher puts that environment in the process's own (a child's env; on Ray, through the
-        in-memory call that starts the task's worker), never in a file or a parameter. References already in the
-        config stay as they are.
+        in-memory call that starts the task's worker), never in a file or a parameter. A `${VARIABLE}` reference
+        stays as it is (the process reads its own environment); a `${SCHEME:NAME}` reference to a store's secret (a
+        Prefect Secret block) is resolved here, where its resolver is registered, and moved like a literal secret.
 
         Returns:
             (the JSON-ready values, {variable: secret}).
@@ -81,6 +83,16 @@ class PipelineConfig(_Frozen):
         env = SecretEnv()
         values = self.model_dump(mode="json", by_alias=True, context=secrets_context(env))
         return values, env.env
+
+    def literal_secrets(self) -> list[str]:
+        """The key paths of the credentials written as values, e.g. `storage_options.secret` or
+        `tracking.mlflow_uri` (its password): what every dump masks. A `${VARIABLE}` or `${prefect-secret:NAME}`
+        reference is none (and is not resolved here)."""
+        env = SecretEnv(resolve_stores=False)
+        values = self.model_dump(mode="json", by_alias=True, context=secrets_context(env))
+        references = [f"${{{name}}}" for name in env.env]
+        return [where for where, value in _leaves(values) if isinstance(value, str)
+                and any(reference in value for reference in references)]
 
     def revealed(self) -> dict[str, Any]:
         """The values with every literal secret as it is: only to validate a changed copy in this process
@@ -92,6 +104,15 @@ class PipelineConfig(_Frozen):
         as written, so the hash holds nothing of a credential."""
         payload = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
         return hashlib.sha256(payload).hexdigest()
+
+
+def _leaves(value: Any, where: str = "") -> list[tuple[str, Any]]:
+    """(key path, value) of every leaf of JSON-like values: `a.b`, `a.list[0]`."""
+    if isinstance(value, Mapping):
+        return [leaf for key, item in value.items() for leaf in _leaves(item, f"{where}.{key}" if where else str(key))]
+    if isinstance(value, list):
+        return [leaf for i, item in enumerate(value) for leaf in _leaves(item, f"{where}[{i}]")]
+    return [(where, value)]
 
 
 def _format_value(value: Any) -> str:
@@ -168,13 +189,23 @@ def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
     return parse_config(data if data is not None else {}, source=file.name)
 
 
+def is_inline(config: Any) -> bool:
+    """True for a config given as its content, a mapping or YAML text, rather than a YAML file's path or a
+    PipelineConfig: whoever records the argument (Prefect, as a flow run's parameter) records the content as it is."""
+    if isinstance(config, PipelineConfig):
+        return False
+    if isinstance(config, Mapping):
+        return True
+    text = str(config)
+    return "\n" in text or (text.lstrip().startswith("{") and not Path(text).exists())
+
+
 def resolve_config(config: PipelineConfig | dict[str, Any] | str | os.PathLike[str]) -> PipelineConfig:
     """Accept a config object, an inline mapping, a YAML path, or inline YAML text."""
     if isinstance(config, PipelineConfig):
         return config
-    if isinstance(config, dict):
-        return parse_config(config)
-    text = str(config)
-    if "\n" in text or (text.lstrip().startswith("{") and not Path(text).exists()):
-        return parse_config(yaml.safe_load(text) or {}, source="<inline YAML>")
-    return load_config(text)
+    if isinstance(config, Mapping):
+        return parse_config(dict(config))
+    if is_inline(config):
+        return parse_config(yaml.safe_load(str(config)) or {}, source="<inline YAML>")
+    return load_config(str(config))

@@ -7,7 +7,6 @@ import hashlib
 import logging
 import os
 import posixpath
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,7 +25,12 @@ from pipeline_lib.core.object_stores import (
     protocol_of,
     version_marker,  # noqa: F401  (re-exported: the stages reach every store through this module)
 )
-from pipeline_lib.core.secrets import MASK, is_masked
+from pipeline_lib.core.secrets import (
+    MASK,
+    SecretReferenceError,
+    is_masked,
+    resolve_references,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,19 +49,17 @@ class StorageAccessError(StorageError, UserError):
     """Refused credentials, a missing bucket, an unset variable or no matching file: fix the input."""
 
 
-_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
 def expand_env(options: Any, where: str = "storage_options") -> Any:
-    """Replace `${NAME}` in storage option strings with the environment variable NAME.
+    """Replace `${NAME}` in storage option strings with the environment variable NAME, and `${SCHEME:NAME}` with the
+    secret of a registered store (`${prefect-secret:NAME}`: a Prefect Secret block; core.secrets.register_resolver).
 
     The one place a reference becomes its value: in the process that opens the storage. Configs (which travel as
     Prefect parameters, worker specs and MLflow records) hold the reference, or a mask, never the secret:
     `storage_options: {secret: "${AWS_SECRET_ACCESS_KEY}"}`.
 
     Raises:
-        StorageAccessError: naming the option and the unset variable, or an option whose value was masked
-            (a literal secret of a config that was stored, e.g. as a deployment's parameter).
+        StorageAccessError: naming the option and the unset variable or unknown stored secret, or an option whose
+            value was masked (a literal secret of a config that was stored, e.g. as a deployment's parameter).
     """
     if isinstance(options, dict):
         return {k: expand_env(v, f"{where}.{k}") for k, v in options.items()}
@@ -69,14 +71,16 @@ def expand_env(options: Any, where: str = "storage_options") -> Any:
             "(a Prefect parameter or a run's record keep it masked); write it as a \"${VARIABLE}\" reference and "
             "set VARIABLE where the flow runs, or pass the config itself to the flow in this process")
     if isinstance(options, str) and "${" in options:
-        def lookup(match: re.Match[str]) -> str:
-            name = match.group(1)
+        def lookup(name: str) -> str:
             if name not in os.environ:
                 raise StorageAccessError(f"{where} refers to the environment variable {name}, which is not set; "
                                    f"export {name} or change {where}")
             return os.environ[name]
 
-        return _ENV_REFERENCE.sub(lookup, options)
+        try:
+            return resolve_references(options, where, lookup)
+        except SecretReferenceError as error:
+            raise StorageAccessError(str(error)) from None
     return options
 
 

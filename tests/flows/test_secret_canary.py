@@ -152,3 +152,51 @@ def test_no_output_of_a_local_two_worker_s3_run_holds_the_canary(s3, tfdag_stack
     canary = Canary()
     values = canary_config(canary, tfdag_stack.state.mlflow_url, f"canary-{tmp_path.name}")
     run_and_search(canary, values, s3, tfdag_stack, tmp_path, monkeypatch, caplog)
+
+
+@pytest.mark.parametrize("form", ["inline YAML", "dict", "retrain override"])
+def test_an_inline_config_with_a_literal_secret_is_refused_before_any_stage_and_its_record_masked(
+        form, tfdag_stack, prefect_api, tmp_path):
+    """Prefect records an inline config (YAML text, a mapping) or a retrain override as given, before any flow code
+    runs: the flow refuses it in one line naming the keys, replaces the recorded parameter by its masked form, and
+    starts no task. Then the run's parameters, task runs, logs, artifacts and events hold no canary."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.pipeline import training_pipeline
+    from flows.retrain import RetrainParameters, retrain
+    from pipeline_lib.config import ConfigError
+
+    canary = Canary()
+    values = canary_config(canary, tfdag_stack.state.mlflow_url, f"refused-{tmp_path.name}")
+    if form == "retrain override":
+        config_path = tmp_path / "no-secret.yaml"  # a path: only the path is recorded
+        config_path.write_text(yaml.safe_dump({**values, "storage_options": {}, "tracking": {
+            "mlflow_uri": tfdag_stack.state.mlflow_url, "registered_model": "refused"}}))
+        params = RetrainParameters(config=str(config_path), overrides={"storage_options.secret": canary.value})
+        state = retrain(params, return_state=True)
+        expected = "params.overrides holds a literal secret at storage_options.secret: "
+    else:
+        state = training_pipeline(yaml.safe_dump(values) if form == "inline YAML" else values, return_state=True)
+        # the access key id too: `key` is a secret name, masked in every dump like the secret key
+        expected = ("config holds a literal secret at data.storage_options.key, storage_options.key, "
+                    "storage_options.secret, storage_options.token, tracking.mlflow_uri: ")
+    assert state.is_failed()
+    error = state.result(raise_on_failure=False)
+    assert isinstance(error, ConfigError), error
+    message = str(error)
+    assert message.startswith(expected) and "\n" not in message, message
+    assert "the recorded copy was replaced by its masked form" in message and "${prefect-secret:" in message
+
+    flow_run_id = state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    assert task_runs == [], [t.name for t in task_runs]  # refused before any stage
+    parameters = search_prefect(canary, str(flow_run_id))
+    assert not canary.hits, canary.report()
+    if form == "retrain override":
+        assert parameters["params"]["overrides"] == {"storage_options.secret": MASK}
+        assert parameters["params"]["config"] == str(config_path)
+    else:
+        recorded = parameters["config"]
+        assert_masked_config(yaml.safe_load(recorded) if form == "inline YAML" else recorded, "the recorded parameter")
