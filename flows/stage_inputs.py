@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tasks.secrets  # noqa: F401 - registers `${prefect-secret:NAME}`: the stage commands resolve block references too
 from pipeline_lib.config import PipelineConfig, load_config
 from pipeline_lib.data import demo as demo_data
 from pipeline_lib.data.convert import convert

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from prefect import get_client
-from prefect.blocks.system import Secret
-from prefect.context import FlowRunContext
-
 from pipeline_lib.core import secrets
+
+# Prefect is imported inside each function: importing this module only registers the reference scheme, so the CLI's
+# stage commands (which import it to resolve `${prefect-secret:NAME}` too) pay for Prefect only when a config names a
+# block, and never before `tfdag` has chosen its Prefect API.
 
 SCHEME = "prefect-secret"
 
@@ -21,6 +21,8 @@ def load_secret_block(name: str) -> str:
     Raises:
         LookupError: when the server has no Secret block of that name, naming how to create it.
     """
+    from prefect.blocks.system import Secret
+
     try:
         block = Secret.load(name, _sync=True)
     except ValueError as error:  # Prefect's "Unable to find block document named ..."
@@ -36,6 +38,8 @@ secrets.register_resolver(SCHEME, load_secret_block)
 def recorded_parameters() -> dict[str, Any] | None:
     """The parameters of the running flow run as Prefect recorded them (JSON, before the flow validated them: a dict
     given for a PipelineConfig is recorded as given); None outside a flow run."""
+    from prefect.context import FlowRunContext
+
     context = FlowRunContext.get()
     if context is None or context.flow_run is None:
         return None
@@ -44,6 +48,9 @@ def recorded_parameters() -> dict[str, Any] | None:
 
 def replace_recorded_parameters(parameters: dict[str, Any]) -> None:
     """Replace the running flow run's recorded parameters (all of them: Prefect does not merge) on the server."""
+    from prefect import get_client
+    from prefect.context import FlowRunContext
+
     context = FlowRunContext.get()
     if context is None or context.flow_run is None:
         return

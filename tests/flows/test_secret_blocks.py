@@ -8,7 +8,11 @@ value is what signs: a block holding a wrong secret is refused.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 import yaml
@@ -23,6 +27,7 @@ from tests.canary import Canary, search_prefect
 from tests.stores.conftest import BUCKET, s3, s3_server  # noqa: F401 - the S3 fixtures
 
 KEY_ENV = "TFDAG_TEST_BLOCK_KEY_ID"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @flow(name="open-storage-with-a-secret-block")
@@ -65,6 +70,14 @@ def test_a_secret_block_reference_signs_s3_requests_and_is_recorded_as_written(s
     parameters = search_prefect(canary, str(state.state_details.flow_run_id))
     assert parameters["config"] == text  # inline YAML recorded as given: the reference, no value
     assert not canary.hits, canary.report()
+
+    # The CLI's stage commands resolve the reference too (`tfdag convert` of the same config, as a file).
+    path = tmp_path / "block.yaml"
+    path.write_text(text)
+    converted = subprocess.run([sys.executable, "-m", "flows.cli", "convert", str(path)], cwd=ROOT,
+                               env=dict(os.environ), capture_output=True, text=True, timeout=300, check=False)
+    assert converted.returncode == 0, converted.stderr[-3000:]
+    assert good["secret"] not in converted.stdout + converted.stderr
 
     # A worker process gets the value in its environment only (the local and Ray launchers' for_process).
     values, env = parse_config(yaml.safe_load(text)).for_process()
@@ -116,8 +129,6 @@ def test_prefect_deploy_templating_writes_a_block_template_s_value_but_leaves_th
 
 
 def test_the_inline_example_in_prefect_yaml_names_its_secrets_and_holds_none():
-    from pathlib import Path
-
     text = (Path(__file__).resolve().parents[2] / "deployments" / "prefect.yaml").read_text()
     lines = text.split("      # config: |\n", 1)[1].splitlines()
     example = "\n".join(line.removeprefix("      #   ") for line in lines[:4])
