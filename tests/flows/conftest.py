@@ -1,4 +1,6 @@
-"""The retrain scenario on the session's stack (tests/servers.py): the digits source, its config and the first retrain."""
+"""Session fixtures on the session's stack (tests/servers.py): one finished, blessed, deterministic digits run that
+the tests reading a finished run share (`digits_run`), and the retrain scenario (the digits source, its config and
+the first retrain). Tests using one carry its `xdist_group` mark, so that it is made once per session."""
 
 from __future__ import annotations
 
@@ -17,6 +19,40 @@ MODEL_NAME = "digits-retrain-test"
 # The digits rows the source starts with; the rest arrive in two later appends.
 INITIAL_ROWS = 1400
 FIRST_APPEND = 200
+
+
+# --- the shared digits run -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DigitsRun:
+    root: Path  # the run's tmp folder: raw CSV, output_root, the MLflow store
+    config: object  # the parsed PipelineConfig
+    summary: object  # the PipelineSummary training_pipeline returned
+
+
+def digits_run_config(tmp_path: Path, **train) -> dict:
+    """digits_config's 2 mirrored replicas (scaled batch and learning rate), made deterministic with everything that
+    could break that: shuffling, dropout, Adam; `train` overrides."""
+    from tests.flows.test_pipeline_flow import digits_config
+
+    config = digits_config(tmp_path, **{"deterministic": True, "shuffle": True, "shuffle_buffer": 500,
+                                        "optimizer": "adam", "epochs": DIGITS_RUN_EPOCHS, **train})
+    config["model"] = {"factory": "mlp", "params": {"hidden_units": [64], "dropout": 0.2}}
+    return config
+
+
+DIGITS_RUN_EPOCHS = 4
+
+
+@pytest.fixture(scope="session")
+def digits_run(tmp_path_factory, prefect_api) -> DigitsRun:
+    """`training_pipeline` once on digits_run_config. Tests that change what the run recorded restore it."""
+    from flows.pipeline import training_pipeline
+    from pipeline_lib.config import parse_config
+
+    root = tmp_path_factory.mktemp("digits_run")
+    config = parse_config(digits_run_config(root))
+    return DigitsRun(root=root, config=config, summary=training_pipeline(config))
 
 
 # --- the retrain scenario -------------------------------------------------------------------------------------
@@ -66,7 +102,7 @@ def retrain_scenario(tfdag_stack, tmp_path_factory) -> RetrainScenario:
         "output_root": str(work / "out"),
         "model": {"factory": "mlp", "params": {"hidden_units": [64]}},
         "train": {"strategy": "default", "per_replica_batch_size": 32, "base_learning_rate": 0.003,
-                  "epochs": 3, "checkpoint_every_steps": 40, "log_every_steps": 10, "seed": 3},
+                  "epochs": 1, "checkpoint_every_steps": 20, "log_every_steps": 10, "seed": 3},
         "evaluation": {"metrics": ["loss", "accuracy", "auc"],
                        "gate": {"metric": "accuracy", "direction": "max", "threshold": None},
                        "min_improvement": 0.0},

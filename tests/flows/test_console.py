@@ -4,6 +4,7 @@ log; `-v` brings TensorFlow's lines back."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import select
@@ -34,16 +35,27 @@ def _tfdag(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=900, check=False)
 
 
+def _assert_the_json_summary(line: str) -> dict:
+    """`--json`'s last line: the run summary of the example, registered and blessed."""
+    summary = json.loads(line)
+    assert summary["pipeline"] == "digits" and summary["mlflow_run_id"] and summary["model_version"] == "1"
+    assert summary["blessed"] is True and summary["global_batch_size"] == 32 * summary["num_replicas"], summary
+    return summary
+
+
 @pytest.mark.slow
-def test_a_default_run_of_the_example_prints_fewer_than_60_lines_and_no_noise(tmp_path, prefect_api):
+def test_a_default_run_of_the_example_prints_fewer_than_60_lines_and_no_noise_and_json_on_the_last_line(
+        tmp_path, prefect_api):
+    """Outside a terminal (a script's view): the log on stderr, the summary as JSON on stdout's last line."""
     shutil.copy(ROOT / "examples" / "digits.yaml", tmp_path / "digits.yaml")
-    out = _tfdag(tmp_path, "run", "digits.yaml")
+    out = _tfdag(tmp_path, "run", "digits.yaml", "--json")
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stderr.splitlines()
     found = {marker: [line for line in lines if marker in line][:2] for marker in NOISE}
     assert not any(found.values()), {k: v for k, v in found.items() if v}
     assert len(lines) < 60, "\n".join(lines)
     assert "blessed: true" in out.stdout
+    _assert_the_json_summary(out.stdout.strip().splitlines()[-1])
 
 
 def test_verbose_brings_tensorflow_start_up_lines_back(tmp_path):
@@ -93,9 +105,10 @@ def _tfdag_in_a_terminal(tmp_path: Path, *args: str, timeout_s: float = 900) -> 
 
 
 @pytest.mark.slow
-def test_in_a_terminal_tfdag_run_shows_the_stages_the_training_bar_and_a_summary_table(tmp_path, prefect_api):
+def test_in_a_terminal_tfdag_run_shows_the_stages_the_training_bar_a_summary_table_and_json_last(tmp_path,
+                                                                                               prefect_api):
     shutil.copy(ROOT / "examples" / "digits.yaml", tmp_path / "digits.yaml")
-    code, text = _tfdag_in_a_terminal(tmp_path, "run", "digits.yaml")
+    code, text = _tfdag_in_a_terminal(tmp_path, "run", "digits.yaml", "--json")
     assert code == 0, text[-3000:]
     # The checklist, each stage done with its duration.
     for stage in ("check_storage", "convert_to_tfrecords", "validate_cluster", "plan_shards", "train",
@@ -105,8 +118,11 @@ def test_in_a_terminal_tfdag_run_shows_the_stages_the_training_bar_and_a_summary
     assert re.search(r"convert +━+ 100% 1,797 rows [0-9.]+ MB/s", text), text[-5000:]
     [total] = {int(m) for m in re.findall(r"(\d+)/\1 steps", text)}
     assert total > 0 and re.search(rf"{total}/{total} steps .*eval_accuracy 0\.\d{{4}}", text), text[-5000:]
-    # The summary table, the last thing before the exit.
+    # The summary table, the last thing before `--json`'s line, which ends the output: the live display leaves the
+    # terminal's last line to the JSON.
     tail = text[text.rindex("tfdag run digits-"):]
     assert re.search(r"│ blessed +│ true: accuracy 0\.\d+", tail) and "│ final step " in tail, tail
+    summary = _assert_the_json_summary(text.strip().splitlines()[-1])
+    assert re.search(rf"│ final step +│ {summary['final_step']}\b", tail), tail
     found = {marker for marker in NOISE if marker in text}
     assert not found, found

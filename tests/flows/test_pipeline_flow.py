@@ -37,14 +37,13 @@ def digits_config(tmp_path: Path, **train) -> dict:
 
 
 @pytest.mark.slow
-def test_training_pipeline_end_to_end(tmp_path, prefect_api):
+@pytest.mark.xdist_group("digits_run")
+def test_training_pipeline_end_to_end(digits_run, tmp_path):
+    """The session's shared run (tests/flows/conftest.py): 2 mirrored replicas, deterministic, shuffled, Adam."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from flows.pipeline import training_pipeline
-
-    config = parse_config(digits_config(tmp_path))
-    summary = training_pipeline(config)
+    config, summary = digits_run.config, digits_run.summary
 
     assert summary.metrics["accuracy"] >= 0.9
     assert summary.blessed and summary.gate.blessed and summary.champion_metrics == {}
@@ -63,7 +62,8 @@ def test_training_pipeline_end_to_end(tmp_path, prefect_api):
     assert float(params["scaled_learning_rate"]) == pytest.approx(0.004)  # linear rule × 2 replicas
     assert params["lr_scaling"] == "linear"
     assert params["data_fingerprint"] == summary.data_fingerprint
-    assert int(params["steps_per_epoch"]) * 6 == int(params["total_steps"]) == summary.final_step
+    assert int(params["steps_per_epoch"]) * config.train.epochs == int(params["total_steps"]) == summary.final_step
+    assert params["deterministic"] == "True" and params["optimizer"] == "adam"
     assert params["tensorflow_version"].startswith("2.21")
 
     history = client.get_metric_history(run.info.run_id, "loss")
@@ -135,41 +135,21 @@ def test_training_pipeline_end_to_end(tmp_path, prefect_api):
 
     # The train task's progress artifact in Prefect ends at 100 % with the final step.
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
+    # (Read among this flow run's artifacts: other tests' runs use the same key on the session's Prefect server.)
     with get_client(sync_client=True) as prefect:
-        [progress] = prefect.read_latest_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=["digits-flow-test-training-progress"])))
+        flow_run_artifacts = prefect.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[run.data.tags["prefect_flow_run_id"]])))
+    [progress] = [a for a in flow_run_artifacts if a.key == "digits-flow-test-training-progress"]
     assert progress.type == "progress" and float(progress.data) == 100.0
     assert f"done at step {summary.final_step} of {summary.final_step}" in progress.description
 
     # The convert task's progress artifact, among this flow run's artifacts, ends at 100 % with every row.
-    from prefect.client.schemas.filters import ArtifactFilterFlowRunId
-
-    with get_client(sync_client=True) as prefect:
-        flow_run_artifacts = prefect.read_artifacts(artifact_filter=ArtifactFilter(
-            flow_run_id=ArtifactFilterFlowRunId(any_=[run.data.tags["prefect_flow_run_id"]])))
     [conversion] = [a for a in flow_run_artifacts if a.key == "digits-flow-test-conversion-progress"]
     assert conversion.type == "progress" and float(conversion.data) == 100.0
     rows = manifest.num_records("train") + manifest.num_records("eval")
     assert conversion.description.startswith(f"conversion: done, {rows:,} rows | ") and "MB/s" in conversion.description
-    assert "digits-flow-test-training-progress" in {a.key for a in flow_run_artifacts}
-
-
-@pytest.mark.slow
-def test_cli_run_json_prints_summary_on_last_line(tmp_path, prefect_api):
-    import yaml
-
-    config = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=2)
-    path = tmp_path / "digits.yaml"
-    path.write_text(yaml.safe_dump(config))
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(path), "--json"], cwd=ROOT, check=False,
-                         capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
-    assert summary["pipeline"] == "digits-flow-test"
-    assert summary["mlflow_run_id"] and summary["model_version"] == "1"
-    assert summary["strategy"] == "default" and summary["global_batch_size"] == 32
 
 
 @pytest.mark.slow
@@ -309,7 +289,7 @@ def test_a_worker_that_fails_leaves_its_traceback_in_the_failed_runs_logs(tmp_pa
     from pipeline_lib.launch.errors import WorkerFailed
 
     monkeypatch.setenv("TFDAG_FAULT", "raise:worker=0:step=5")
-    data = digits_config(tmp_path, strategy="default", cpu_replicas=None)
+    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=1)
     data["name"] = "digits-worker-traceback"
     config = parse_config(data)
     with pytest.raises(WorkerFailed):
@@ -349,7 +329,12 @@ def test_a_failure_after_training_ends_the_mlflow_run_failed_naming_the_stage(tm
 
 
 @pytest.mark.slow
-def test_a_worker_restart_shows_in_mlflow_and_the_prefect_log(tmp_path, prefect_api, monkeypatch):
+def test_a_worker_restart_and_a_fault_after_the_final_checkpoint_show_in_mlflow_and_the_prefect_log(
+        tmp_path, prefect_api, monkeypatch):
+    """One flow, two real SIGKILLs through the documented test-only setting the workers inherit: one at step 30
+    (the restart resumes from the step-20 checkpoint), one after the final checkpoint is saved and before the
+    result is written (the restarted process restores the final step, trains nothing, and the pipeline goes on to
+    consolidation and evaluation). Each fault has its own marker, so each fires once."""
     import time
 
     from mlflow.tracking import MlflowClient
@@ -358,22 +343,28 @@ def test_a_worker_restart_shows_in_mlflow_and_the_prefect_log(tmp_path, prefect_
 
     from flows.pipeline import training_pipeline
 
-    # The real signal, at an exact step, through the documented test-only setting the workers inherit.
-    monkeypatch.setenv("TFDAG_FAULT", "kill:worker=0:step=30")
-    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=2, checkpoint_every_steps=20,
+    monkeypatch.setenv("TFDAG_FAULT", "kill:worker=0:step=30,kill:worker=0:phase=result")
+    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=1, checkpoint_every_steps=20,
                          restart_backoff_s=0.1)
     data["name"] = "digits-restart"
     config = parse_config(data)
     summary = training_pipeline(config)
 
-    assert summary.num_restarts == 1
+    assert summary.num_restarts == 2
     client = MlflowClient(tracking_uri=config.mlflow_uri)
     run = client.get_run(summary.mlflow_run_id)
-    assert summary.final_step == int(run.data.params["total_steps"])  # exactly the planned steps after resuming
-    assert [m.value for m in client.get_metric_history(run.info.run_id, "num_restarts")] == [1.0]
+    total_steps = int(run.data.params["total_steps"])
+    assert total_steps > 30 and summary.final_step == total_steps  # exactly the planned steps after resuming
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "num_restarts")][-1] == 2.0
+    assert "SIGKILL" in run.data.tags["tfdag.restart.1"] and "resumed at step 20 of" in run.data.tags["tfdag.restart.1"]
+    assert run.data.tags["tfdag.restart.2"] == (
+        f"worker 0 killed by SIGKILL; resumed at step {total_steps} of {total_steps}, the final step: nothing left "
+        "to train, the result comes from its checkpoint")
     assert "SIGKILL" in run.data.tags["tfdag.last_restart_cause"]
-    # The restart kept the one MLflow run, which ends FINISHED with the pipeline.
+    # The restarts kept the one MLflow run, which ends FINISHED with the pipeline; consolidation and evaluation
+    # ran on the checkpoints the attempts wrote, the final one included.
     assert run.info.status == "FINISHED" and run.info.end_time is not None
+    assert run.data.metrics["final_eval_accuracy"] == pytest.approx(summary.metrics["accuracy"])
     assert len(_pipeline_runs(config, "digits-restart")) == 1
 
     flow_run_id = run.data.tags["prefect_flow_run_id"]
@@ -382,34 +373,8 @@ def test_a_worker_restart_shows_in_mlflow_and_the_prefect_log(tmp_path, prefect_
         with get_client(sync_client=True) as prefect:
             logs = prefect.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
         messages = [log.message for log in logs]
-        if any(m.startswith("restart 1 of") for m in messages):
+        if any(m.startswith("restart 2 of") for m in messages):
             break
         time.sleep(0.5)
-    assert any(m.startswith("restart 1 of") and "SIGKILL" in m for m in messages), messages[-20:]
-
-
-@pytest.mark.slow
-def test_a_fault_after_the_final_checkpoint_still_completes_the_pipeline(tmp_path, prefect_api, monkeypatch):
-    from mlflow.tracking import MlflowClient
-
-    from flows.pipeline import training_pipeline
-
-    # The chief is SIGKILLed after its final checkpoint is saved and before its result is written: the restarted
-    # process restores the final step, trains nothing, and the pipeline goes on to consolidation and evaluation.
-    monkeypatch.setenv("TFDAG_FAULT", "kill:worker=0:phase=result")
-    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=2, checkpoint_every_steps=20,
-                         restart_backoff_s=0.1)
-    data["name"] = "digits-final-fault"
-    config = parse_config(data)
-    summary = training_pipeline(config)
-
-    client = MlflowClient(tracking_uri=config.mlflow_uri)
-    run = client.get_run(summary.mlflow_run_id)
-    total_steps = int(run.data.params["total_steps"])
-    assert summary.num_restarts == 1 and summary.final_step == total_steps
-    assert run.data.tags["tfdag.restart.1"] == (
-        f"worker 0 killed by SIGKILL; resumed at step {total_steps} of {total_steps}, the final step: nothing left "
-        "to train, the result comes from its checkpoint")
-    # Consolidation and evaluation ran on the checkpoints the first attempt wrote, the final one included.
-    assert run.info.status == "FINISHED" and run.data.metrics["final_eval_accuracy"] == pytest.approx(
-        summary.metrics["accuracy"])
+    for number in (1, 2):
+        assert any(m.startswith(f"restart {number} of") and "SIGKILL" in m for m in messages), messages[-20:]

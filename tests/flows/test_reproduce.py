@@ -15,21 +15,11 @@ import yaml
 
 from pipeline_lib.config import parse_config
 from pipeline_lib.tracking import reproducibility
-from tests.flows.test_pipeline_flow import digits_config
+from tests.flows.conftest import digits_run_config
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _reproducible_config(tmp_path: Path, **train) -> dict:
-    settings = {"strategy": "default", "cpu_replicas": None, "per_replica_batch_size": 64, "epochs": 2,
-                "checkpoint_every_steps": 10, "deterministic": True, "shuffle": True, "shuffle_buffer": 500,
-                "optimizer": "adam", "seed": 7, **train}
-    config = digits_config(tmp_path, **settings)
-    config["model"] = {"factory": "mlp", "params": {"hidden_units": [32], "dropout": 0.2}}
-    config["tracking"] = {"experiment": "reproduce-test"}
-    return config
 
 
 def _reproduce(config, run_id: str, *extra: str) -> subprocess.CompletedProcess:
@@ -39,14 +29,11 @@ def _reproduce(config, run_id: str, *extra: str) -> subprocess.CompletedProcess:
                           timeout=600, check=False)
 
 
-@pytest.fixture(scope="module")
-def tracked_run(tmp_path_factory, prefect_api):
-    from flows.pipeline import training_pipeline
-
-    tmp_path = tmp_path_factory.mktemp("reproduce")
-    config = parse_config(_reproducible_config(tmp_path))
-    summary = training_pipeline(config)
-    return tmp_path, config, summary
+@pytest.fixture
+def tracked_run(digits_run, tmp_path):
+    """The session's shared deterministic run (tests/flows/conftest.py); a reproduction's work dir in this test's
+    tmp folder."""
+    return tmp_path, digits_run.config, digits_run.summary
 
 
 def _replace_artifact(config, run_id: str, path: str, content: str) -> None:
@@ -62,6 +49,7 @@ def _artifact(config, run_id: str, path: str, tmp_path: Path) -> str:
     return Path(local).read_text()
 
 
+@pytest.mark.xdist_group("digits_run")
 def test_the_run_records_everything_a_rerun_needs(tracked_run, tmp_path):
     from mlflow import MlflowClient
 
@@ -71,7 +59,7 @@ def test_the_run_records_everything_a_rerun_needs(tracked_run, tmp_path):
     assert params["deterministic"] == "True" and params["shuffle"] == "True" and params["jit_compile"] == "False"
     assert params["seed"] == "7" and params["split_seed"] == "0"
     record = json.loads(_artifact(config, summary.mlflow_run_id, reproducibility.RECORD_ARTIFACT, tmp_path))
-    assert record["strategy"] == "default" and record["num_workers"] == 1 and record["num_replicas"] == 1
+    assert record["strategy"] == "mirrored" and record["num_workers"] == 1 and record["num_replicas"] == 2
     assert record["data_fingerprint"] == summary.data_fingerprint and len(record["manifest_hash"]) == 64
     assert record["seed"] == 7 and record["deterministic"] is True
     freeze = _artifact(config, summary.mlflow_run_id, reproducibility.PIP_FREEZE_ARTIFACT, tmp_path)
@@ -80,6 +68,7 @@ def test_the_run_records_everything_a_rerun_needs(tracked_run, tmp_path):
     assert build["tensorflow_version"].startswith("2.21") and "build_info" in build
 
 
+@pytest.mark.xdist_group("digits_run")
 def test_reproduce_exits_0_with_bit_identical_weights(tracked_run):
     tmp_path, config, summary = tracked_run
     out = _reproduce(config, summary.mlflow_run_id, "--work-dir", str(tmp_path / "rerun"))
@@ -87,6 +76,7 @@ def test_reproduce_exits_0_with_bit_identical_weights(tracked_run):
     assert f"tfdag | reproduced run {summary.mlflow_run_id}: bit-identical weights" in out.stdout
 
 
+@pytest.mark.xdist_group("digits_run")
 def test_a_changed_seed_in_the_recorded_config_exits_1_naming_each_variable(tracked_run, tmp_path):
     _, config, summary = tracked_run
     recorded = yaml.safe_load(_artifact(config, summary.mlflow_run_id, reproducibility.CONFIG_ARTIFACT, tmp_path))
@@ -102,6 +92,7 @@ def test_a_changed_seed_in_the_recorded_config_exits_1_naming_each_variable(trac
     assert "tfdag |   dense_0/kernel: " in out.stdout and "tfdag |   logits/bias: " in out.stdout
 
 
+@pytest.mark.xdist_group("digits_run")
 def test_a_changed_data_row_exits_1_naming_the_fingerprint(tracked_run, tmp_path):
     _, config, summary = tracked_run
     # The recorded TFRecords are gone and one row of the source changed: converting again gives other data.
@@ -123,6 +114,7 @@ def test_a_changed_data_row_exits_1_naming_the_fingerprint(tracked_run, tmp_path
     assert f"data fingerprint: the run recorded {summary.data_fingerprint}, converting data.source" in out.stdout
 
 
+@pytest.mark.xdist_group("digits_run")
 def test_a_run_that_was_not_deterministic_is_refused(tracked_run, tmp_path):
     _, config, summary = tracked_run
     original = _artifact(config, summary.mlflow_run_id, reproducibility.RECORD_ARTIFACT, tmp_path)
@@ -136,12 +128,12 @@ def test_a_run_that_was_not_deterministic_is_refused(tracked_run, tmp_path):
     assert "train.deterministic: false" in out.stderr and "--tolerance" in out.stderr
 
 
-def test_reproduce_a_two_worker_multi_worker_mirrored_run_exits_0(tmp_path_factory, prefect_api):
+def test_reproduce_a_two_worker_multi_worker_mirrored_run_exits_0(tmp_path, prefect_api):
+    """Its own run: the shared run is mirrored in one process; 1 epoch, what a bit-identical comparison needs."""
     from flows.pipeline import training_pipeline
 
-    tmp_path = tmp_path_factory.mktemp("reproduce_mwms")
-    config = parse_config(_reproducible_config(tmp_path, strategy="multi_worker_mirrored", workers=2,
-                                               per_replica_batch_size=32))
+    config = parse_config(digits_run_config(tmp_path, strategy="multi_worker_mirrored", cpu_replicas=None,
+                                            workers=2, epochs=1))
     summary = training_pipeline(config)
     assert summary.strategy == "multi_worker_mirrored" and summary.num_workers == 2
     out = _reproduce(config, summary.mlflow_run_id, "--work-dir", str(tmp_path / "rerun"))
