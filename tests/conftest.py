@@ -149,16 +149,30 @@ XDIST_GROUP_OF_FIXTURE = {
     "ray_cluster": "ray",  # one Ray cluster on 127.0.0.2 (tests/ray/conftest.py)
     "retrain_scenario": "retrain",  # the retrain deployment's first run (tests/flows/conftest.py)
     "digits_run": "digits_run",  # the shared blessed digits run (tests/flows/conftest.py)
+    "sliced_run": "sliced_run",  # the regions run of tests/flows/test_evaluation_record.py (module-scoped)
 }
 # TFDAG_TEST_ORDER=reverse, or random:SEED, runs the tests in another order: the suite must pass in any order (no
 # test may depend on what an earlier one left in a shared fixture). Every xdist process collects the same order.
 ORDER_ENV = "TFDAG_TEST_ORDER"
 
 
+# Tests under these folders share one group whatever their fixtures: tests/ray's own clusters (`tfdag stack up --ray`)
+# and the session cluster must not run at the same time on this machine's two cores.
+XDIST_GROUP_OF_FOLDER = {"ray": "ray"}
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _xdist_groups(item) -> set[str]:
+    groups = {XDIST_GROUP_OF_FIXTURE[name] for name in getattr(item, "fixturenames", ()) if name in XDIST_GROUP_OF_FIXTURE}
+    folder = os.path.relpath(str(item.path), _TESTS_DIR).split(os.sep)[0]
+    if folder in XDIST_GROUP_OF_FOLDER:
+        groups.add(XDIST_GROUP_OF_FOLDER[folder])
+    return groups
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        groups = {XDIST_GROUP_OF_FIXTURE[name] for name in getattr(item, "fixturenames", ())
-                  if name in XDIST_GROUP_OF_FIXTURE}
+        groups = _xdist_groups(item)
         if len(groups) > 1:
             raise pytest.UsageError(f"{item.nodeid} uses fixtures of the xdist groups {sorted(groups)}: one test "
                                     "process cannot hold both; give the fixtures one group in XDIST_GROUP_OF_FIXTURE")

@@ -1,6 +1,6 @@
 """Session fixtures on the session's stack (tests/servers.py): one finished, blessed, deterministic digits run that
 the tests reading a finished run share (`digits_run`), and the retrain scenario (the digits source, its config and
-the first retrain). Tests using one carry its `xdist_group` mark, so that it is made once per session."""
+the first retrain). tests/conftest.py puts the tests using one in one xdist group, so it is made once per session."""
 
 from __future__ import annotations
 

@@ -70,7 +70,6 @@ def sliced_run(tfdag_stack, prefect_api, tmp_path_factory) -> SlicedRun:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("sliced_run")
 def test_a_clearly_worse_slice_fails_the_gate_by_name_and_the_record_shows_slices_and_plots(sliced_run, tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -102,7 +101,6 @@ def test_a_clearly_worse_slice_fails_the_gate_by_name_and_the_record_shows_slice
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("sliced_run")
 def test_the_mlflow_ui_shows_the_blessing_the_slices_and_the_confusion_matrix(sliced_run, tmp_path):
     """Headless Chromium on the run page, its artifacts and the model version page; screenshots are kept under
     the test's output (tmp_path/screenshots)."""

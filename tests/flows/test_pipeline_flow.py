@@ -37,7 +37,6 @@ def digits_config(tmp_path: Path, **train) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("digits_run")
 def test_training_pipeline_end_to_end(digits_run, tmp_path):
     """The session's shared run (tests/flows/conftest.py): 2 mirrored replicas, deterministic, shuffled, Adam."""
     import mlflow

@@ -49,7 +49,6 @@ def _artifact(config, run_id: str, path: str, tmp_path: Path) -> str:
     return Path(local).read_text()
 
 
-@pytest.mark.xdist_group("digits_run")
 def test_the_run_records_everything_a_rerun_needs(tracked_run, tmp_path):
     from mlflow import MlflowClient
 
@@ -68,7 +67,6 @@ def test_the_run_records_everything_a_rerun_needs(tracked_run, tmp_path):
     assert build["tensorflow_version"].startswith("2.21") and "build_info" in build
 
 
-@pytest.mark.xdist_group("digits_run")
 def test_reproduce_exits_0_with_bit_identical_weights(tracked_run):
     tmp_path, config, summary = tracked_run
     out = _reproduce(config, summary.mlflow_run_id, "--work-dir", str(tmp_path / "rerun"))
@@ -76,7 +74,6 @@ def test_reproduce_exits_0_with_bit_identical_weights(tracked_run):
     assert f"tfdag | reproduced run {summary.mlflow_run_id}: bit-identical weights" in out.stdout
 
 
-@pytest.mark.xdist_group("digits_run")
 def test_a_changed_seed_in_the_recorded_config_exits_1_naming_each_variable(tracked_run, tmp_path):
     _, config, summary = tracked_run
     recorded = yaml.safe_load(_artifact(config, summary.mlflow_run_id, reproducibility.CONFIG_ARTIFACT, tmp_path))
@@ -92,7 +89,6 @@ def test_a_changed_seed_in_the_recorded_config_exits_1_naming_each_variable(trac
     assert "tfdag |   dense_0/kernel: " in out.stdout and "tfdag |   logits/bias: " in out.stdout
 
 
-@pytest.mark.xdist_group("digits_run")
 def test_a_changed_data_row_exits_1_naming_the_fingerprint(tracked_run, tmp_path):
     _, config, summary = tracked_run
     # The recorded TFRecords are gone and one row of the source changed: converting again gives other data.
@@ -114,7 +110,6 @@ def test_a_changed_data_row_exits_1_naming_the_fingerprint(tracked_run, tmp_path
     assert f"data fingerprint: the run recorded {summary.data_fingerprint}, converting data.source" in out.stdout
 
 
-@pytest.mark.xdist_group("digits_run")
 def test_a_run_that_was_not_deterministic_is_refused(tracked_run, tmp_path):
     _, config, summary = tracked_run
     original = _artifact(config, summary.mlflow_run_id, reproducibility.RECORD_ARTIFACT, tmp_path)

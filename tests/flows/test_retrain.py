@@ -48,7 +48,6 @@ def _champion(client) -> int:
     return int(client.get_model_version_by_alias(MODEL_NAME, "champion").version)
 
 
-@pytest.mark.xdist_group("retrain")
 def test_first_retrain_trains_registers_and_promotes(retrain_scenario, mlflow_client, prefect_api):
     first = retrain_scenario.first
     _assert_ok(first, retrain_scenario)
@@ -86,7 +85,6 @@ def test_first_retrain_trains_registers_and_promotes(retrain_scenario, mlflow_cl
     assert tables and tables[0].type == "table" and "accuracy" in str(tables[0].data)
 
 
-@pytest.mark.xdist_group("retrain")
 def test_unchanged_data_is_skipped_then_new_rows_make_a_version_and_a_worse_one_is_refused(
         retrain_scenario, mlflow_client, prefect_api):
     _assert_ok(retrain_scenario.first, retrain_scenario)

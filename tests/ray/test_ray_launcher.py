@@ -189,6 +189,7 @@ def test_cancelling_the_driver_mid_training_leaves_no_actor_and_no_placement_gro
         if "train | step:" in line and "step:     5 " not in line:
             break
         assert time.monotonic() < deadline, "".join(lines[-30:])
+    assert driver.poll() is None, "the driver ended before training:\n" + "".join(lines[-40:])
     assert len(ray_cluster.alive_actors()) == 2 and len(ray_cluster.live_placement_groups()) == 1
     driver.send_signal(signal.SIGTERM)
     rest, _ = driver.communicate(timeout=60)
