@@ -219,7 +219,7 @@ def track(config: PipelineConfig, run_id: str, params: dict[str, Any], artifacts
         register_as = name if registry.registers(config.tracking.register_policy, decision) else None
         # The exported model's metrics, linked to the logged model (and so to its registered version).
         version = model_logging.log_and_register_model(
-            run_id, uri, export.keras_path, register_as, manifest, tags=tags,
+            run_id, uri, export.saved_model_dir, export.keras_path, register_as, manifest, tags=tags,
             storage_options=config.storage_options, metrics=eval_report.metrics,
             metric_prefix=tracking.FINAL_METRIC_PREFIX,
         )

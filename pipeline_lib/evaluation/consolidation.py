@@ -20,7 +20,8 @@ from pipeline_lib.core import storage
 from pipeline_lib.core.errors import TfdagError
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.data.statistics import load_statistics
-from pipeline_lib.training import input_pipeline, models
+from pipeline_lib.serving import signatures
+from pipeline_lib.training import models
 from pipeline_lib.training.results import TrainResult
 
 logger = logging.getLogger(__name__)
@@ -28,7 +29,6 @@ logger = logging.getLogger(__name__)
 KERAS_NAME = "model.keras"
 SAVED_MODEL_NAME = "saved_model"
 EXPORT_MANIFEST_NAME = "export_manifest.json"
-SERVING_ENDPOINT = "serve"
 
 
 class ConsolidationError(TfdagError, RuntimeError):
@@ -102,14 +102,9 @@ def restore_model(config: PipelineConfig, manifest: Manifest, record: Checkpoint
     return model
 
 
-def _export_saved_model(model: keras.Model, manifest: Manifest, saved_model_dir: str) -> None:
-    """A SavedModel whose `serve` endpoint and `serving_default` signature take the training inputs dict."""
-    signature = input_pipeline.input_signature(manifest.feature_schema)
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.add_endpoint(name=SERVING_ENDPOINT, fn=lambda inputs: model(inputs, training=False),
-                         input_signature=[signature])
-    archive.write_out(saved_model_dir, verbose=False)
+def _export_saved_model(model: keras.Model, manifest: Manifest, saved_model_dir: str, task) -> None:
+    """The SavedModel on raw features (`serving.signatures`): `serving_default` and `serve_examples`."""
+    signatures.export_saved_model(model, manifest.feature_schema, task, saved_model_dir)
 
 
 def _file_hashes(local_dir: str) -> dict[str, str]:
@@ -172,7 +167,7 @@ def _export(model: keras.Model, manifest: Manifest, record: CheckpointRecord, re
         if os.path.exists(saved_local):
             shutil.rmtree(saved_local)
         model.save(keras_local)
-        _export_saved_model(model, manifest, saved_local)
+        _export_saved_model(model, manifest, saved_local, config.model.task)
         files = _file_hashes(staging)
         if not local:
             storage.upload_tree(staging, fs, root, skip=(EXPORT_MANIFEST_NAME,))
@@ -184,9 +179,9 @@ def _export(model: keras.Model, manifest: Manifest, record: CheckpointRecord, re
         "selected_by": reason,
         "keras_path": KERAS_NAME,
         "saved_model_dir": SAVED_MODEL_NAME,
-        "serving_endpoint": SERVING_ENDPOINT,
+        "signatures": [signatures.SERVING_SIGNATURE, signatures.EXAMPLES_SIGNATURE],
         "inputs": {name: {"shape": list(spec.shape), "dtype": spec.dtype.name}
-                   for name, spec in input_pipeline.input_signature(manifest.feature_schema).items()},
+                   for name, spec in signatures.raw_signature(manifest.feature_schema).items()},
         "data_fingerprint": manifest.fingerprint,
         "tensorflow_version": tf.__version__,
         "keras_version": keras.__version__,

@@ -1,4 +1,4 @@
-"""Logging the exported model to its MLflow run and registering it: the keras flavor or a pyfunc for string inputs."""
+"""Logging the exported model to its MLflow run as a self-contained pyfunc on raw rows, and registering it."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from typing import Any
 
 import keras
 import numpy as np
+import pandas as pd
 import tensorflow as tf
 from pydantic import BaseModel, ConfigDict
 
-from pipeline_lib.data.manifest import Manifest
-from pipeline_lib.evaluation.metrics import load_model
+from pipeline_lib.core import storage
+from pipeline_lib.data.manifest import DType, FeatureSpec, Manifest, Schema
+from pipeline_lib.serving import rows, tfdag_scoring
 from pipeline_lib.tracking.client import clean_tags, create_client, global_tracking_uri
-from pipeline_lib.training import input_pipeline, staging
 
 logger = logging.getLogger(__name__)
 
@@ -34,29 +35,30 @@ class ModelVersionInfo(BaseModel):
     model_uri: str  # models:/<name>/<version>
     logged_model_uri: str  # the run's logged model
     run_id: str
-    flavor: str  # "keras" or "python_function"
+    flavor: str  # "python_function"
 
 
-_PYFUNC_CODE = '''"""tfdag: a Keras 3 model taking a dict of tensors (string inputs included), served through pyfunc."""
-import keras
+class LoggedModel(BaseModel):
+    """A model logged to its MLflow run, not (yet) registered."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_uri: str  # models:/<model_id>, what mlflow.pyfunc.load_model takes
+    model_id: str
+    run_id: str
+    flavor: str = "python_function"
+
+
+# The models-from-code script MLflow runs to build the pyfunc: `tfdag_scoring` ships beside it in `code_paths`.
+_PYFUNC_SCRIPT = '''"""tfdag: the exported SavedModel on raw table rows (tfdag_scoring ships with the model)."""
 import mlflow
-import numpy as np
-import pandas as pd
-import tensorflow as tf
 
+try:
+    from tfdag_scoring import TfdagModel  # where the model is loaded: shipped in code_paths
+except ImportError:  # where tfdag logs it
+    from pipeline_lib.serving.tfdag_scoring import TfdagModel
 
-class KerasDictModel(mlflow.pyfunc.PythonModel):
-    def load_context(self, context):
-        self.model = keras.saving.load_model(context.artifacts["keras_model"], compile=False)
-
-    def predict(self, context, model_input, params=None):
-        if isinstance(model_input, pd.DataFrame):
-            model_input = {name: np.stack(model_input[name].to_numpy()) for name in model_input.columns}
-        inputs = {name: tf.convert_to_tensor(value) for name, value in model_input.items()}
-        return keras.ops.convert_to_numpy(self.model(inputs, training=False))
-
-
-mlflow.models.set_model(KerasDictModel())
+mlflow.models.set_model(TfdagModel())
 '''
 
 
@@ -71,97 +73,94 @@ def _no_progress_bars():
             keras.config.enable_interactive_logging()
 
 
-def _keras_flavor() -> Any:
-    """`mlflow.keras` for `Model.log`, with its model directory created first: MLflow 3.17's keras `save_model`
-    writes the input example before it creates that directory (FileNotFoundError on input_example.json)."""
-    import types
+def requirements() -> list[str]:
+    """What the logged model needs to load and predict: the versions tfdag trained it with, nothing of tfdag."""
+    import mlflow
 
-    import mlflow.keras
-
-    def save_model(path: str, **kwargs: Any) -> None:
-        os.makedirs(path, exist_ok=True)
-        mlflow.keras.save_model(path=path, **kwargs)
-
-    return types.SimpleNamespace(__name__=mlflow.keras.__name__, save_model=save_model)
+    return [f"tensorflow=={tf.__version__}", f"mlflow=={mlflow.__version__}", f"pandas=={pd.__version__}",
+            f"numpy=={np.__version__}"]
 
 
-def example_batch(manifest: Manifest, num_rows: int = 5,
-                  storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The first rows of the eval split (train when there is none) as numpy model inputs."""
-    split = "eval" if manifest.num_records("eval") else "train"
-    manifest = staging.stage_split(manifest, split, storage_options=dict(storage_options or {}))
-    dataset = input_pipeline.create_dataset(manifest, split, num_rows)
-    inputs, _labels = next(iter(dataset))
-    return {name: tensor.numpy() for name, tensor in inputs.items()}
+def _column_type(spec: FeatureSpec):
+    from mlflow.types.schema import Array
+
+    kind = "string" if spec.dtype == DType.STRING else "double"
+    return Array(kind) if spec.shape else kind
 
 
-def log_and_register_model(run_id: str, tracking_uri: str, keras_path: str, registered_name: str | None,
-                           example_input: Manifest | Mapping[str, Any], *,
-                           tags: Mapping[str, Any] | None = None,
-                           storage_options: Mapping[str, Any] | None = None,
-                           metrics: Mapping[str, float] | None = None,
-                           metric_prefix: str = "final_eval_") -> ModelVersionInfo | None:
-    """Log the exported model to the run with a signature inferred from an example batch, and register it.
+def model_signature(schema: Schema, outputs: pd.DataFrame):
+    """Inputs: the table's columns with their types (missing values allowed); outputs: the prediction frame."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import ColSpec
+    from mlflow.types.schema import Schema as ColumnSchema
+    from mlflow.types.utils import _infer_schema
 
-    With `registered_name` None the model is only logged to the run (a model the gate did not bless).
+    inputs = ColumnSchema([ColSpec(_column_type(spec), spec.name, required=True) for spec in schema.features])
+    return ModelSignature(inputs=inputs, outputs=_infer_schema(outputs))
 
-    Numeric-only models use MLflow's `keras` flavor (Keras 3 on TensorFlow). Keras 3's `predict` rejects
-    string arrays, so a model with string inputs is logged as a models-from-code pyfunc that calls the
-    model on tensors; both load back with `mlflow.pyfunc.load_model(uri).predict({name: array})`.
+
+def _local_dir(uri: str, storage_options: Mapping[str, Any] | None, stack: contextlib.ExitStack) -> str:
+    if storage.is_local(uri):
+        return storage.local_path(uri)
+    local = os.path.join(stack.enter_context(tempfile.TemporaryDirectory(prefix="tfdag-model-")),
+                         os.path.basename(uri.rstrip("/")))
+    fs, root = storage.get_fs(uri, storage_options)
+    fs.get(root.rstrip("/") + "/", local, recursive=True)
+    return local
+
+
+def log_model(run_id: str, tracking_uri: str, saved_model_dir: str, keras_path: str | None,
+              example_input: Manifest | pd.DataFrame, *,
+              storage_options: Mapping[str, Any] | None = None,
+              metrics: Mapping[str, float] | None = None,
+              metric_prefix: str = "final_eval_") -> LoggedModel:
+    """Log the export to the run as a self-contained pyfunc: raw rows in, predictions out.
+
+    The model is the SavedModel (`serving.signatures`) called by `tfdag_scoring`, which ships with it
+    (`code_paths`): it loads with `mlflow.pyfunc.load_model` where tfdag is not installed, with only the
+    recorded requirements. `model.keras` rides along for tfdag's own use (warm starts, champion checks).
 
     Args:
         run_id: the MLflow run.
-        tracking_uri: the MLflow store (also the registry).
-        keras_path: the exported `.keras` file (local path or fsspec URI).
-        registered_name: `tracking.registered_model`, or None to log without registering.
-        example_input: a dict of numpy inputs, or a Manifest to take the first eval rows from.
-        tags: tags for the model version (credential-like names are dropped).
-        metrics: the model's evaluation, logged to the run as `<metric_prefix><name>` and linked to the logged model
-            (MLflow 3 shows them with the model, and on its registered version).
+        tracking_uri: the MLflow store.
+        saved_model_dir: the export's SavedModel (local path or fsspec URI).
+        keras_path: the export's `.keras` file, or None.
+        example_input: raw rows (a DataFrame of the table's columns), or a Manifest to take its first eval rows.
+        metrics: the model's evaluation, logged to the run as `<metric_prefix><name>` and linked to the model.
 
     Returns:
-        The registered name and version; None when not registered.
+        The logged model, for `register_model` and `mlflow.pyfunc.load_model(model_uri)`.
     """
     import mlflow
-    from mlflow.models import Model, infer_signature
+    from mlflow.models import Model
 
-    if hasattr(example_input, "feature_schema"):
-        example = example_batch(example_input, storage_options=storage_options)  # type: ignore[arg-type]
-    else:
-        example = {name: np.asarray(value) for name, value in dict(example_input).items()}
-    model = load_model(keras_path)
-    outputs = keras.ops.convert_to_numpy(model({k: tf.convert_to_tensor(v) for k, v in example.items()},
-                                               training=False))
-    signature = infer_signature(example, outputs)
-    has_strings = any(value.dtype.kind in "OSU" for value in example.values())
-    requirements = [f"tensorflow=={tf.__version__}", f"keras=={keras.__version__}", f"mlflow=={mlflow.__version__}"]
+    example = (rows.raw_rows(example_input, storage_options=storage_options)
+               if isinstance(example_input, Manifest) else example_input)
     client = create_client(tracking_uri)
     experiment_id = client.get_run(run_id).info.experiment_id
     with contextlib.ExitStack() as stack:
+        saved_local = _local_dir(saved_model_dir, storage_options, stack)
+        outputs = tfdag_scoring.Scorer(saved_local).predict(example)
+        signature = model_signature(read_schema(saved_local), outputs)
+        artifacts = {"saved_model": saved_local}
+        if keras_path:
+            artifacts["keras_model"] = _local_file(keras_path, storage_options, stack)
         stack.enter_context(global_tracking_uri(tracking_uri))
-        stack.enter_context(_no_progress_bars())  # MLflow predicts on the input example to check it
+        stack.enter_context(_no_progress_bars())
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tfdag-pyfunc-"))
+        script = os.path.join(tmp, "tfdag_model.py")
+        with open(script, "w") as handle:
+            handle.write(_PYFUNC_SCRIPT)
         # Created first in the run's experiment: without an active run MLflow would file the model under the
         # default experiment (and its ./mlruns artifact root). Passing run_id, not an active run, keeps the
         # pipeline's run RUNNING after logging.
         logged = mlflow.initialize_logged_model(name=MODEL_ARTIFACT_NAME, source_run_id=run_id,
                                                 experiment_id=experiment_id)
-        common = {"artifact_path": None, "name": MODEL_ARTIFACT_NAME, "run_id": run_id, "model_id": logged.model_id,
-                  "signature": signature, "input_example": example, "registered_model_name": registered_name,
-                  "pip_requirements": requirements}
         try:
-            if has_strings:
-                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tfdag-model-"))
-                code_path = os.path.join(tmp, "keras_dict_model.py")
-                with open(code_path, "w") as handle:
-                    handle.write(_PYFUNC_CODE)
-                local_keras = os.path.join(tmp, "model.keras")
-                model.save(local_keras)
-                info = Model.log(flavor=mlflow.pyfunc, python_model=code_path,
-                                 artifacts={"keras_model": local_keras}, **common)
-                flavor = "python_function"
-            else:
-                info = Model.log(flavor=_keras_flavor(), model=model, **common)
-                flavor = "keras"
+            Model.log(flavor=mlflow.pyfunc, python_model=script, artifacts=artifacts,
+                      code_paths=[tfdag_scoring.__file__], artifact_path=None, name=MODEL_ARTIFACT_NAME,
+                      run_id=run_id, model_id=logged.model_id, signature=signature, input_example=example,
+                      pip_requirements=requirements())
         except Exception:
             from mlflow.entities import LoggedModelStatus
 
@@ -169,15 +168,57 @@ def log_and_register_model(run_id: str, tracking_uri: str, keras_path: str, regi
             raise
     if metrics:
         _log_model_metrics(client, run_id, logged.model_id, metrics, metric_prefix)
-    if registered_name is None:
-        logger.info("logged the model to run %s (%s flavor), not registered", run_id, flavor)
-        return None
-    version = int(info.registered_model_version)
+    logger.info("logged the model to run %s as %s", run_id, f"models:/{logged.model_id}")
+    return LoggedModel(model_uri=f"models:/{logged.model_id}", model_id=logged.model_id, run_id=run_id)
+
+
+def read_schema(saved_model_dir: str) -> Schema:
+    """The feature columns of an exported SavedModel (from `tfdag_serving.json`) as a Schema."""
+    spec = tfdag_scoring.read_serving_spec(saved_model_dir)
+    features = tuple(FeatureSpec(name=c["name"], dtype=DType(c["source_dtype"]), shape=tuple(c["shape"]))
+                     for c in spec["columns"])
+    label = FeatureSpec(name=spec["label"]["name"], dtype=DType(spec["label"]["dtype"]))
+    return Schema(features=features, label=label)
+
+
+def _local_file(uri: str, storage_options: Mapping[str, Any] | None, stack: contextlib.ExitStack) -> str:
+    if storage.is_local(uri):
+        return storage.local_path(uri)
+    local = os.path.join(stack.enter_context(tempfile.TemporaryDirectory(prefix="tfdag-model-")),
+                         os.path.basename(uri))
+    fs, path = storage.get_fs(uri, storage_options)
+    fs.get(path, local)
+    return local
+
+
+def register_model(tracking_uri: str, logged: LoggedModel, registered_name: str, *,
+                   tags: Mapping[str, Any] | None = None) -> ModelVersionInfo:
+    """Register a logged model as the next version of `registered_name`, with tags (credential-like dropped)."""
+    import mlflow
+
+    with global_tracking_uri(tracking_uri):
+        version_info = mlflow.register_model(logged.model_uri, registered_name)
+    version = int(version_info.version)
+    client = create_client(tracking_uri)
     for name, value in clean_tags(tags).items():
         client.set_model_version_tag(registered_name, str(version), name, value)
-    logger.info("registered %s version %d from run %s (%s flavor)", registered_name, version, run_id, flavor)
+    logger.info("registered %s version %d from run %s", registered_name, version, logged.run_id)
     return ModelVersionInfo(name=registered_name, version=version, model_uri=f"models:/{registered_name}/{version}",
-                            logged_model_uri=info.model_uri, run_id=run_id, flavor=flavor)
+                            logged_model_uri=logged.model_uri, run_id=logged.run_id, flavor=logged.flavor)
+
+
+def log_and_register_model(run_id: str, tracking_uri: str, saved_model_dir: str, keras_path: str | None,
+                           registered_name: str | None, example_input: Manifest | pd.DataFrame, *,
+                           tags: Mapping[str, Any] | None = None,
+                           storage_options: Mapping[str, Any] | None = None,
+                           metrics: Mapping[str, float] | None = None,
+                           metric_prefix: str = "final_eval_") -> ModelVersionInfo | None:
+    """`log_model`, then `register_model` unless `registered_name` is None (a model the gate did not bless)."""
+    logged = log_model(run_id, tracking_uri, saved_model_dir, keras_path, example_input,
+                       storage_options=storage_options, metrics=metrics, metric_prefix=metric_prefix)
+    if registered_name is None:
+        return None
+    return register_model(tracking_uri, logged, registered_name, tags=tags)
 
 
 def _log_model_metrics(client, run_id: str, model_id: str, metrics: Mapping[str, float], prefix: str) -> None:

@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("core", "config"),
     ("data", "planning", "cluster"),
     ("checkpoints",),
-    ("training",),
+    ("training", "serving"),
     ("evaluation", "tracking"),
     ("launch",),
     ("reproduce",),
