@@ -93,10 +93,12 @@ def model_signature(schema: Schema, outputs: pd.DataFrame):
     from mlflow.models import ModelSignature
     from mlflow.types.schema import ColSpec
     from mlflow.types.schema import Schema as ColumnSchema
-    from mlflow.types.utils import _infer_schema
 
     inputs = ColumnSchema([ColSpec(_column_type(spec), spec.name, required=True) for spec in schema.features])
-    return ModelSignature(inputs=inputs, outputs=_infer_schema(outputs))
+    kinds = {"O": "string", "U": "string", "i": "long", "f": "double"}
+    columns = [ColSpec("float" if outputs[name].dtype == np.float32 else kinds[outputs[name].dtype.kind], name)
+               for name in outputs.columns]
+    return ModelSignature(inputs=inputs, outputs=ColumnSchema(columns))
 
 
 def _local_dir(uri: str, storage_options: Mapping[str, Any] | None, stack: contextlib.ExitStack) -> str:

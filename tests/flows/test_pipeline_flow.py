@@ -87,19 +87,22 @@ def test_training_pipeline_end_to_end(digits_run, tmp_path):
 
     export_dir = Path(summary.export_dir)
     reloaded = keras.saving.load_model(export_dir / "model.keras")
-    from pipeline_lib.data.manifest import load_manifest
-    from pipeline_lib.training.input_pipeline import create_dataset
+    import tensorflow as tf
 
-    manifest = load_manifest(str(Path(config.output_root) / "data" / summary.data_fingerprint))
-    inputs, _labels = next(iter(create_dataset(manifest, "eval", 16)))
-    expected = np.asarray(reloaded.predict(inputs, verbose=0))
+    from pipeline_lib.data.manifest import load_manifest
+    from pipeline_lib.serving.rows import raw_rows
     from pipeline_lib.tracking.client import global_tracking_uri
 
+    manifest = load_manifest(str(Path(config.output_root) / "data" / summary.data_fingerprint))
+    frame = raw_rows(manifest, 16)  # the table's own rows: pixel_0..pixel_63
+    packed = {"numeric": frame[list(manifest.feature_schema.feature_names)].to_numpy(np.float32)}
+    expected = tf.nn.softmax(np.asarray(reloaded.predict(packed, verbose=0))).numpy()
     with global_tracking_uri(config.mlflow_uri):  # scoped: a process-wide URI would redirect later tests
         served = mlflow.pyfunc.load_model(f"models:/digits-flow-test/{summary.model_version}")
-    got = served.predict({k: v.numpy() for k, v in inputs.items()})
-    got = np.asarray(got if not hasattr(got, "to_numpy") else got.to_numpy())
-    np.testing.assert_allclose(got.reshape(expected.shape), expected, atol=1e-5)
+    # The registered model takes the table's own rows and answers in the label's values.
+    got = served.predict(frame)
+    np.testing.assert_allclose(got.filter(like="probability_").to_numpy(), expected, atol=1e-5)
+    np.testing.assert_array_equal(got["prediction"].to_numpy(), expected.argmax(axis=1))
 
 
     # What MLflow 3's run page shows: source, datasets, system metrics, the model with its metrics and input

@@ -18,6 +18,7 @@ from pipeline_lib.config import parse_config
 from pipeline_lib.core.storage import sha256_local
 from pipeline_lib.evaluation import consolidation
 from pipeline_lib.evaluation import metrics as evaluation
+from pipeline_lib.serving import rows, signatures, tfdag_scoring
 from pipeline_lib.training import input_pipeline, models
 from pipeline_lib.training import loop as training
 from pipeline_lib.training.results import TrainResult
@@ -87,16 +88,26 @@ def test_best_checkpoint_is_restored_and_exported(saved_run, tiny_manifest, tmp_
     assert export.checkpoint_metrics["eval_accuracy"] == 0.9
     restored = consolidation.restore_model(config, tiny_manifest, result.checkpoints[1])
     _assert_weights(restored, weights[2])
-    # The .keras file and the SavedModel's serving signature give the restored model's predictions.
+    # The .keras file gives the restored model's predictions; the SavedModel's signatures give them on raw
+    # columns (serving_default) and on serialized Examples (serve_examples).
     inputs = _first_batch(tiny_manifest)
     expected = restored(inputs, training=False).numpy()
     reloaded = keras.saving.load_model(export.keras_path, compile=False)
     _assert_weights(reloaded, weights[2])
     np.testing.assert_allclose(reloaded(inputs, training=False).numpy(), expected, rtol=1e-6, atol=1e-6)
     served = tf.saved_model.load(export.saved_model_dir)
-    np.testing.assert_allclose(served.serve(inputs).numpy(), expected, rtol=1e-6, atol=1e-6)
-    signature = served.signatures["serving_default"]
-    np.testing.assert_allclose(next(iter(signature(**inputs).values())).numpy(), expected, rtol=1e-6, atol=1e-6)
+    frame = rows.raw_rows(tiny_manifest, 16)
+    columns = tfdag_scoring.Scorer(export.saved_model_dir).to_tensors(frame)
+    by_input = {signatures.input_names(tiny_manifest.feature_schema)[name]: tf.constant(value)
+                for name, value in columns.items()}
+    outputs = served.signatures["serving_default"](**by_input)
+    probabilities = tf.nn.softmax(expected).numpy()
+    np.testing.assert_allclose(outputs["probabilities"].numpy(), probabilities, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(outputs["prediction"].numpy(), probabilities.argmax(axis=1))
+    eval_file = input_pipeline.shard_uris(tiny_manifest, "eval")[0]
+    serialized = tf.constant([r.numpy() for r in tf.data.TFRecordDataset(eval_file).take(16)])
+    from_examples = served.signatures["serve_examples"](examples=serialized)
+    np.testing.assert_allclose(from_examples["probabilities"].numpy(), probabilities, rtol=1e-6, atol=1e-6)
 
 
 def test_export_manifest_lists_every_file_with_its_sha256(saved_run, tiny_manifest, tmp_path):

@@ -213,6 +213,8 @@ def test_download_keras_model_returns_the_registered_weights(tmp_path, shared_ma
     import keras
     from mlflow import MlflowClient
 
+    from pipeline_lib.config import Task
+    from pipeline_lib.serving import signatures
     from pipeline_lib.tracking import model_logging
     from pipeline_lib.training import models
 
@@ -223,9 +225,11 @@ def test_download_keras_model_returns_the_registered_weights(tmp_path, shared_ma
     run = client.create_run(experiment)
     model = models.create_model(ModelConfig(factory="mlp", params={"hidden_units": [4]}),
                                 shared_manifest.feature_schema)
-    keras_path = str(tmp_path / "model.keras")
+    keras_path, saved_model_dir = str(tmp_path / "model.keras"), str(tmp_path / "saved_model")
     model.save(keras_path)
-    version = model_logging.log_and_register_model(run.info.run_id, uri, keras_path, "dl", shared_manifest)
+    signatures.export_saved_model(model, shared_manifest.feature_schema, Task.CLASSIFICATION, saved_model_dir)
+    version = model_logging.log_and_register_model(run.info.run_id, uri, saved_model_dir, keras_path, "dl",
+                                                   shared_manifest)
 
     downloaded = registry.download_keras_model(uri, "dl", version.version, str(tmp_path / "download"))
     assert downloaded.endswith(".keras")

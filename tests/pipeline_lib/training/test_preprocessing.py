@@ -14,6 +14,7 @@ from pipeline_lib.data.statistics import load_statistics
 from pipeline_lib.evaluation import consolidation
 from pipeline_lib.evaluation import metrics as evaluation
 from pipeline_lib.planning import sharding
+from pipeline_lib.serving import signatures
 from pipeline_lib.training import input_pipeline, models, preprocessing
 from pipeline_lib.training import loop as training
 from tests.pipeline_lib.data.conversion_support import read_all
@@ -94,18 +95,24 @@ def test_exported_saved_model_on_raw_rows_matches_training_time_predictions(trai
     checkpoint = tf.train.Checkpoint(model=training_model)
     checkpoint.read(export.checkpoint_path).expect_partial()
     expected = training_model(inputs, training=False).numpy()
+    expected = tf.nn.softmax(expected).numpy()
     served = tf.saved_model.load(export.saved_model_dir).signatures["serving_default"]
-    outputs = served(**inputs)
-    (logits,) = outputs.values()
-    np.testing.assert_allclose(logits.numpy(), expected, rtol=1e-5, atol=1e-5)
+    names = signatures.input_names(manifest.feature_schema)
+    numeric = input_pipeline.numeric_features(manifest.feature_schema)
+    raw = {names[spec.name]: inputs["numeric"][:, i] for i, spec in enumerate(numeric)}
+    raw[names["cellar"]] = tf.reshape(inputs["cellar"], [-1])
+    np.testing.assert_allclose(served(**raw)["probabilities"].numpy(), expected, rtol=1e-5, atol=1e-5)
     # A hand-written raw row: original units, a missing number, an unseen and a missing string.
-    row = np.array([[13.2, np.nan, 2.4, 19.0, 100.0, 2.3, 2.0, 0.36, 1.6, 5.1, 0.95, 2.6, 750.0]], np.float32)
+    row = [13.2, np.nan, 2.4, 19.0, 100.0, 2.3, 2.0, 0.36, 1.6, 5.1, 0.95, 2.6, 750.0]
+    keras_model = keras.saving.load_model(export.keras_path, compile=False)
     for cellar in (b"annex", b""):
-        raw = {"numeric": tf.constant(row), "cellar": tf.constant([[cellar]])}
-        (served_logits,) = served(**raw).values()
-        keras_logits = keras.saving.load_model(export.keras_path, compile=False)(raw, training=False)
-        assert np.all(np.isfinite(served_logits.numpy()))
-        np.testing.assert_allclose(served_logits.numpy(), np.asarray(keras_logits), rtol=1e-5, atol=1e-5)
+        one = {names[spec.name]: tf.constant([value], tf.float32) for spec, value in zip(numeric, row)}
+        one[names["cellar"]] = tf.constant([cellar])
+        served_probabilities = served(**one)["probabilities"].numpy()
+        packed = {"numeric": tf.constant([row], tf.float32), "cellar": tf.constant([[cellar]])}
+        keras_probabilities = tf.nn.softmax(keras_model(packed, training=False)).numpy()
+        assert np.all(np.isfinite(served_probabilities))
+        np.testing.assert_allclose(served_probabilities, keras_probabilities, rtol=1e-5, atol=1e-5)
 
 
 def test_normalize_false_keeps_raw_numbers_and_hashed_strings(trained, tmp_path):
