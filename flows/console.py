@@ -191,7 +191,8 @@ def summary_event(summary: PipelineSummary) -> RunSummary:
     blessed = str(summary.blessed).lower()
     lines = ["", f"tfdag | {summary.pipeline} | {metrics}",
              f"tfdag | MLflow run {summary.mlflow_run_id} in experiment {summary.experiment!r} ({summary.mlflow_uri})"]
-    rows = [("metrics", metrics), ("final step", str(summary.final_step)),
+    final_step = str(summary.final_step) + (f" (stopped early: {summary.stop_reason})" if summary.stopped_early else "")
+    rows = [("metrics", metrics), ("final step", final_step),
             ("training", f"{summary.strategy}, {summary.num_workers} worker(s), {summary.num_replicas} replica(s)"),
             ("restarts", "; ".join(summary.restarts) or "none"),
             ("MLflow run", f"{summary.mlflow_run_id} in {summary.experiment!r} ({summary.mlflow_uri})")]

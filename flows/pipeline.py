@@ -73,6 +73,12 @@ class PipelineSummary(BaseModel):
     blessed: bool
     gate: GateDecision  # why (not) blessed: metric, value, threshold, the champion's value
     champion_metrics: dict[str, float] = {}  # the champion on the same eval split; empty without a champion
+    # How training ended (train.early_stopping): an early stop at `stopped_at_step` (the final step), the best
+    # evaluation's step, and why in words; a run that trained its planned steps says so in `stop_reason`.
+    stopped_early: bool = False
+    stopped_at_step: int | None = None
+    best_step: int | None = None
+    stop_reason: str = ""
 
 
 class _Progress:
@@ -281,6 +287,10 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
         blessed=decision.blessed,
         gate=decision,
         champion_metrics=champion_report.metrics if champion_report else {},
+        stopped_early=train_result.stopped_early,
+        stopped_at_step=train_result.stopped_at_step,
+        best_step=train_result.best_step,
+        stop_reason=train_result.stop_reason,
     )
 
 

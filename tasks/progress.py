@@ -63,6 +63,7 @@ class TrainingReporter:
         progress = TrainProgress(step=result.final_step, total_steps=result.total_steps, loss=result.final_loss,
                                  examples_per_second=result.examples_per_sec,
                                  eval_metrics={k: v for k, v in last.items() if k.startswith("eval_")})
+        early = f" (stopped early, best step {result.best_step}: {result.stop_reason})" if result.stopped_early else ""
         self.artifact.update(100.0, f"training: done at step {result.final_step} of {result.total_steps}, "
-                             f"loss {result.final_loss:.4f}")
+                             f"loss {result.final_loss:.4f}{early}")
         events.emit(progress)

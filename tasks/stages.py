@@ -143,6 +143,8 @@ def train(config: PipelineConfig, manifest: Manifest, plan: sharding.ShardPlan, 
         result = launcher.launch_training(config, manifest, plan, run_dir, options=launcher.LaunchOptions(
             mlflow_run_id=mlflow_run_id, log_fn=logger.info, on_restart=on_restart, on_progress=reporter))
         reporter.done(result)
+        logger.info("training %s at step %d of %d: %s", "stopped early" if result.stopped_early else "ended",
+                    result.final_step, result.total_steps, result.stop_reason)
         return result
     finally:
         _preflight_artifact(config, run_dir)

@@ -5,23 +5,29 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pipeline_lib.checkpoints.records import CheckpointRecord
-from pipeline_lib.config import Direction, PipelineConfig, Task, metric_direction
+from pipeline_lib.config import (
+    CHECKPOINT_EVAL_METRICS,
+    Direction,
+    PipelineConfig,
+    Task,
+    metric_direction,
+)
 
 
 def selection_metric(config: PipelineConfig) -> tuple[str, Direction]:
     """The checkpoint-manifest metric that `evaluation.select: best` ranks by, and its direction.
 
-    `evaluation.gate.metric` maps to the metric the training loop records (`accuracy` → `eval_accuracy`);
-    regression falls back to `eval_mae` for classification-only metrics. The direction is
-    `metric_direction(metric, evaluation.gate.direction)`: loss and mae are always minimised.
+    `evaluation.gate.metric` maps to the metric the training loop records (`accuracy` → `eval_accuracy`,
+    `CHECKPOINT_EVAL_METRICS`); a gate metric the loop does not record falls back to `eval_mae` for regression and
+    `eval_loss` for classification. The direction is `metric_direction(metric, evaluation.gate.direction)`: loss,
+    mae and rmse are always minimised.
     """
     gate = config.evaluation.gate
-    if gate.metric in ("loss", "mae"):
+    task = config.model.task
+    if gate.metric in CHECKPOINT_EVAL_METRICS[task]:
         metric = f"eval_{gate.metric}"
-    elif config.model.task == Task.REGRESSION:
+    elif task == Task.REGRESSION:
         metric = "eval_mae"
-    elif gate.metric == "accuracy":
-        metric = "eval_accuracy"
     else:
         metric = "eval_loss"  # the loop records no AUC per checkpoint; rank by the loss instead
     return metric, metric_direction(metric, gate.direction)

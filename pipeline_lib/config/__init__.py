@@ -56,6 +56,8 @@ from pipeline_lib.config.run import (  # noqa: F401
     ValidationConfig,
 )
 from pipeline_lib.config.train import (  # noqa: F401
+    CHECKPOINT_EVAL_METRICS,
+    EarlyStoppingConfig,
     Isolation,
     Launcher,
     ModelConfig,

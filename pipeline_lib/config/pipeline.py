@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from pipeline_lib.config.base import DEFAULT_ROOT, ConfigError, SecretSettings, _Frozen
 from pipeline_lib.config.data import DataConfig
@@ -39,6 +39,11 @@ class PipelineConfig(_Frozen):
     preflight: PreflightConfig = PreflightConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
     validation: ValidationConfig = ValidationConfig()
+
+    @model_validator(mode="after")
+    def _early_stopping_metric(self) -> PipelineConfig:
+        self.train.early_stopping.check_metric(self.model.task)
+        return self
 
     @property
     def mlflow_uri(self) -> str:

@@ -51,6 +51,34 @@ class Isolation(str, enum.Enum):
     NONE = "none"  # one worker trains in the train task's own process: no process start (demos, notebooks)
 
 
+# The metrics the trainer's periodic evaluation records in each checkpoint's manifest (as `eval_<name>`), by task:
+# what `train.early_stopping.metric` may name. `training.evaluator.Evaluator` computes exactly these.
+CHECKPOINT_EVAL_METRICS: dict[Task, tuple[str, ...]] = {
+    Task.CLASSIFICATION: ("loss", "accuracy"),
+    Task.REGRESSION: ("loss", "mae", "rmse"),
+}
+
+
+class EarlyStoppingConfig(_Frozen):
+    enabled: bool = True
+    # A metric of the trainer's evaluation at each checkpoint (CHECKPOINT_EVAL_METRICS); None: the gate metric,
+    # as best-checkpoint selection reads it from the checkpoints (evaluation.gate.metric, `loss` for one the
+    # trainer does not compute).
+    metric: str | None = None
+    patience: int = Field(5, ge=1)  # evaluations (one at each checkpoint) without improvement before stopping
+    min_delta: float = Field(0.0, ge=0.0)  # an improvement must exceed this
+
+    def check_metric(self, task: Task) -> None:
+        """Raise ValueError when `metric` is not one the trainer's periodic evaluation computes for `task`."""
+        fits = CHECKPOINT_EVAL_METRICS[task]
+        if self.metric is not None and self.metric.removeprefix("eval_") not in fits:
+            raise ValueError(
+                f"train.early_stopping.metric ({self.metric!r}) is not computed by the trainer's evaluation at each "
+                f"checkpoint for model.task {task.value}; set it to one of {list(fits)}, or leave it out for the "
+                "gate metric (or set train.early_stopping.enabled: false)"
+            )
+
+
 class TrainConfig(_Frozen):
     launcher: Launcher = Launcher.LOCAL
     isolation: Isolation = Isolation.PROCESS
@@ -64,7 +92,7 @@ class TrainConfig(_Frozen):
     lr_scaling: LrScaling = LrScaling.LINEAR
     warmup_steps: int = Field(0, ge=0)
     optimizer: Literal["adam", "sgd"] = "adam"
-    epochs: int = Field(5, ge=1)
+    epochs: int = Field(100, ge=1)  # the ceiling: early_stopping ends training sooner once it stops improving
     steps: int | None = Field(None, ge=1)  # total steps; overrides epochs
     steps_per_execution: int = Field(1, ge=1)
     shuffle: bool = True
@@ -74,7 +102,7 @@ class TrainConfig(_Frozen):
     deterministic: bool = False
     mixed_precision: bool = False
     jit_compile: bool = False  # XLA for the forward and backward pass of the step
-    checkpoint_every_steps: int = Field(100, ge=1)
+    checkpoint_every_steps: int = Field(100, ge=1)  # also the evaluation cadence (the chief, on the eval split)
     keep_checkpoints: int = Field(3, ge=1)
     log_every_steps: int = Field(50, ge=1)
     communication: Collective = Collective.AUTO
@@ -84,6 +112,7 @@ class TrainConfig(_Frozen):
     restart_backoff_s: float = Field(1.0, ge=0.0)
     timeout_s: float | None = Field(None, gt=0.0)
     warm_start_uri: str | None = None
+    early_stopping: EarlyStoppingConfig = EarlyStoppingConfig()
 
     def uses_parameter_server(self, cluster_has_ps: bool | None = None) -> bool:
         """Whether this run trains under parameter_server: the one rule launcher, worker and strategy share.

@@ -127,6 +127,10 @@ def _config_from(text: str, run_id: str) -> PipelineConfig:
             f"the config recorded with run {run_id} masks {', '.join(masked)} (a credential written as a value, "
             "not a ${ENV} reference), so the run cannot be rerun from it; write such options as \"${VARIABLE}\" "
             "references in the pipeline YAML so that the record keeps the reference")
+    train = data.get("train")
+    if isinstance(train, dict) and "early_stopping" not in train:
+        # Recorded before train.early_stopping existed (a record holds every key): that run trained to its ceiling.
+        data["train"] = {**train, "early_stopping": {"enabled": False}}
     try:
         return parse_config(data, source=f"{recorded.CONFIG_ARTIFACT} of run {run_id}")
     except ConfigError as error:

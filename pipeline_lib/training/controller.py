@@ -1,4 +1,4 @@
-"""The outer loop's work between executions: step hooks, progress logs, checkpoints and stop requests."""
+"""The outer loop's work between executions: step hooks, progress logs, checkpoints, stop requests, early stops."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pipeline_lib.checkpoints import layout
 from pipeline_lib.checkpoints.records import TRAIN_LOSS_METRIC, CheckpointRecord
 from pipeline_lib.config import TrainConfig
+from pipeline_lib.training.agreement import GroupStop
+from pipeline_lib.training.early_stopping import EarlyStop, EarlyStopping
 from pipeline_lib.training.errors import TrainingInterrupted
 from pipeline_lib.training.hooks import Execution, Phase, TrainHooks
 from pipeline_lib.training.profiling import ProfileWindow
@@ -24,18 +26,20 @@ class LoopController:
     """What both training loops do between executions.
 
     `steps_to_next` bounds each run of steps by the next log step, the next checkpoint step and the end;
-    `after_execution` calls the step hooks, logs, checkpoints and honours a stop request; `finish` saves the
-    last step. A checkpoint is evaluated (chief) after `store.save` writes it and then published; `before_save`
-    runs first (the parameter-server coordinator's join, so the saved variables hold every scheduled step).
-    The hooks hear each phase change: SAVING around a checkpoint, FINISHING from the last step on.
+    `after_execution` calls the step hooks, logs, checkpoints and honours what the group agreed: a stop request
+    or the chief's early stop (`early_stopping` observes each evaluation); `finish` saves the last step. A
+    checkpoint is evaluated (chief) after `store.save` writes it and then published; `before_save` runs first
+    (the parameter-server coordinator's join, so the saved variables hold every scheduled step). The hooks hear
+    each phase change: SAVING around a checkpoint, FINISHING from the last step on.
 
-    A run restored at its last step trains nothing: its loss is `restored_loss`, the one its checkpoint recorded.
+    A run restored at its last step, or where early stopping had ended it, trains nothing: its loss is
+    `restored_loss`, the one its checkpoint recorded.
     """
 
     def __init__(self, train_config: TrainConfig, total_steps: int, global_batch: int, state: TrainingState,
                  hooks: TrainHooks, progress: ProgressLogger, evaluate: Callable[[], dict[str, float]] | None,
                  before_save: Callable[[], None] | None = None, restored_loss: float = float("nan"),
-                 profile: ProfileWindow | None = None):
+                 profile: ProfileWindow | None = None, early_stopping: EarlyStopping | None = None):
         self.config, self.total_steps, self.global_batch = train_config, total_steps, global_batch
         self.state, self.hooks, self.progress = state, hooks, progress
         self.evaluate, self.before_save = evaluate, before_save
@@ -47,6 +51,19 @@ class LoopController:
         self.profile = profile
         if profile is not None:
             profile.at(self.step)
+        self.early_stopping = early_stopping
+        self.early_stop: EarlyStop | None = None  # set when the group agreed to stop early
+        if early_stopping is not None:
+            early_stopping.replay(state.restored)
+            self.early_stop = early_stopping.outcome()
+            if self.early_stop is not None:
+                logger.info("resumed at step %d, where early stopping had ended training: %s", self.step,
+                            self.early_stop.reason)
+
+    @property
+    def is_done(self) -> bool:
+        """Whether the loop ends: the planned steps ran, or the group agreed to stop early."""
+        return self.step >= self.total_steps or self.early_stop is not None
 
     def steps_to_next(self, limit: int) -> int:
         """Steps to run next: at most `limit`, and none past the next log or checkpoint step or the end."""
@@ -55,9 +72,10 @@ class LoopController:
         return min(limit, self.total_steps - self.step, log_every - self.step % log_every,
                    save_every - self.step % save_every, (boundary - self.step) if boundary else limit)
 
-    def after_execution(self, outputs: StepOutputs, stop_requested: Callable[[], bool]) -> None:
-        """Account for the steps just run (`outputs`: each field one value per step); raises TrainingInterrupted on a
-        stop request."""
+    def after_execution(self, outputs: StepOutputs, agree: Callable[[EarlyStop | None], GroupStop]) -> None:
+        """Account for the steps just run (`outputs`: each field one value per step), then ask the group (`agree`,
+        given this worker's early stop) whether to stop: raises TrainingInterrupted on a stop request; finishes at
+        this step on an early stop."""
         self._enter(Phase.STEPPING)
         losses = [float(loss) for loss in outputs.loss]
         for offset, loss in enumerate(losses):
@@ -85,10 +103,18 @@ class LoopController:
             return
         if step % self.config.checkpoint_every_steps == 0:
             self._save_checkpoint(step)
-        if stop_requested():
+        # Early stopping decides at an evaluation, which is a checkpoint (the chief's; other workers' never stop).
+        early = None
+        if self.early_stopping is not None and self._last_saved == step:
+            early = self.early_stopping.outcome()
+        agreed = agree(early)
+        if agreed.requested:
             record = self._save_checkpoint(step) if self._last_saved != step else None
             raise TrainingInterrupted(step, record.path if record is not None else
                                       layout.prefix_for(self.state.run_storage.local_checkpoint_dir, step))
+        if agreed.early:
+            self._stop_early(agreed)
+            return
         self._execution_started = time.monotonic()  # the next execution's time starts after this bookkeeping
 
     def finish(self) -> None:
@@ -96,6 +122,15 @@ class LoopController:
         self._enter(Phase.FINISHING)
         if self._last_saved != self.step:
             self._save_checkpoint(self.step)
+
+    def _stop_early(self, agreed: GroupStop) -> None:
+        """Every worker: record the early stop the group agreed (its best step and value, the same everywhere) and
+        finish at this step (saved already: the stop is decided at an evaluation, which is a checkpoint)."""
+        assert self.early_stopping is not None
+        reason = self.early_stopping.describe(agreed.best_step, agreed.best_value)
+        self.early_stop = EarlyStop(agreed.best_step, agreed.best_value, reason)
+        logger.info("early stop at step %d of %d: %s", self.step, self.total_steps, reason)
+        self.finish()
 
     def _enter(self, phase: Phase) -> None:
         if phase != self._phase:
@@ -123,6 +158,8 @@ class LoopController:
         def measure() -> dict[str, float]:
             metrics = self.evaluate() if self.evaluate is not None else {}
             self.progress.log_eval(at_step, metrics)
+            if self.early_stopping is not None:
+                self.early_stopping.observe(at_step, metrics)
             return {**metrics, TRAIN_LOSS_METRIC: train_loss} if math.isfinite(train_loss) else metrics
 
         started = time.monotonic()

@@ -1,6 +1,8 @@
-"""Eval metrics at each checkpoint: loss and accuracy (or mae) over the eval split, computed by the chief."""
+"""Eval metrics at each checkpoint: loss and accuracy (or mae and rmse) over the eval split, computed by the chief."""
 
 from __future__ import annotations
+
+import math
 
 import keras
 import tensorflow as tf
@@ -41,7 +43,8 @@ class Evaluator:
         self._batch_sums = batch_sums
 
     def __call__(self) -> dict[str, float]:
-        """`eval_loss` and `eval_accuracy` (classification) or `eval_mae` (regression); empty without eval data."""
+        """`eval_<name>` for each of `CHECKPOINT_EVAL_METRICS[task]`: `eval_loss` and `eval_accuracy`
+        (classification) or `eval_loss`, `eval_mae` and `eval_rmse` (regression); empty without eval data."""
         if self.dataset is None:
             return {}
         loss = hits = count = 0.0
@@ -53,5 +56,9 @@ class Evaluator:
         if not count:
             return {}
         metrics = {"eval_loss": loss / count}
-        metrics["eval_accuracy" if self.task == Task.CLASSIFICATION else "eval_mae"] = hits / count
+        if self.task == Task.CLASSIFICATION:
+            metrics["eval_accuracy"] = hits / count
+        else:
+            metrics["eval_mae"] = hits / count
+            metrics["eval_rmse"] = math.sqrt(metrics["eval_loss"])  # the regression loss is the squared error
         return metrics

@@ -22,7 +22,9 @@ from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.planning.sharding import ShardPlan
 from pipeline_lib.training import epochs, input_pipeline, staging
 from pipeline_lib.training import strategy as strategies
+from pipeline_lib.training.agreement import StopAgreement
 from pipeline_lib.training.controller import LoopController
+from pipeline_lib.training.early_stopping import EarlyStopping
 from pipeline_lib.training.errors import TrainingError
 from pipeline_lib.training.evaluator import Evaluator
 from pipeline_lib.training.hooks import MetricsSink, NullSink, TrainHooks
@@ -54,7 +56,7 @@ def train(
 ) -> TrainResult:
     """Train the configured model on the plan's shards under the configured strategy.
 
-    Every worker runs exactly `plan.total_steps` steps in total, counting the steps restored from
+    Every worker runs `plan.total_steps` steps in total (fewer after an early stop), counting the steps restored from
     the newest valid checkpoint in `<run_dir>/checkpoints`. A dataset on remote storage is first staged:
     each worker copies only the shards its plan assigns it to a verified local cache (`staging`).
 
@@ -75,6 +77,9 @@ def train(
     Raises:
         TrainingError: when the plan does not fit the strategy or the data cannot feed the plan.
         TrainingInterrupted: when `hooks.stop_requested()` turned True; a checkpoint was saved first.
+
+    Training ends before `plan.total_steps` when `train.early_stopping` runs out of patience at an evaluation: the
+    chief decides and every worker leaves at that step (`agreement`); the result says where and why.
     """
     started = time.perf_counter()
     train_config = config.train
@@ -118,9 +123,11 @@ def train(
     window = config.observability.profile_steps
     profile = (ProfileWindow(window[0], window[1], state.run_storage.local_tensorboard_dir)
                if window is not None and cluster.is_chief else None)
+    early_stopping = EarlyStopping.for_config(config, state.patience)
     controller = LoopController(train_config, plan.total_steps, global_batch, state, hooks, progress, evaluate,
                                 before_save=coordinator.join if coordinator is not None else None,
-                                restored_loss=restored.get(TRAIN_LOSS_METRIC, math.nan), profile=profile)
+                                restored_loss=restored.get(TRAIN_LOSS_METRIC, math.nan), profile=profile,
+                                early_stopping=early_stopping)
     try:
         try:
             if coordinator is None:
@@ -144,6 +151,7 @@ def train(
 
     _check_final_loss(controller, state)
     run_storage = state.run_storage
+    early_stop = controller.early_stop
     return TrainResult(
         run_dir=run_dir,
         strategy=choice.kind.value,
@@ -167,6 +175,11 @@ def train(
         wall_s=time.perf_counter() - started,
         start_step=state.start_step,
         is_chief=cluster.is_chief,
+        early_stopping_metric=early_stopping.metric if train_config.early_stopping.enabled else None,
+        stopped_early=early_stop is not None,
+        stopped_at_step=controller.step if early_stop is not None else None,
+        best_step=early_stop.best_step if early_stop is not None else early_stopping.best_step,
+        stop_reason=early_stop.reason if early_stop is not None else early_stopping.ceiling_reason(plan.total_steps),
     )
 
 
@@ -210,29 +223,6 @@ def _check_coordinator(cluster: ClusterInfo, config: PipelineConfig) -> None:
         logger.warning("train.deterministic under parameter_server: updates are asynchronous, so runs differ")
 
 
-class _StopOnAnyWorker:
-    """True when a stop was requested on any worker: an all-reduce, so every worker stops at the same step."""
-
-    def __init__(self, choice: strategies.StrategyChoice, hooks: TrainHooks):
-        self.choice, self.hooks = choice, hooks
-        self._any_true = None
-
-    def __call__(self) -> bool:
-        flag = bool(self.hooks.stop_requested())
-        if self.choice.num_workers <= 1:
-            return flag
-        if self._any_true is None:
-            strategy = self.choice.strategy
-
-            @tf.function
-            def any_true(value):
-                per_replica = strategy.run(lambda v: tf.identity(v), args=(value,))
-                return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-            self._any_true = any_true
-        return bool(self._any_true(tf.constant(1.0 if flag else 0.0)).numpy() > 0.5)
-
-
 def _run_synchronous(choice: strategies.StrategyChoice, dataset_fn: epochs.DatasetFn, train_step,
                      controller: LoopController, hooks: TrainHooks, plan: ShardPlan) -> None:
     """Every worker runs the same steps in lockstep, up to steps_per_execution in one `tf.function` call."""
@@ -249,13 +239,13 @@ def _run_synchronous(choice: strategies.StrategyChoice, dataset_fn: epochs.Datas
             outputs = StepOutputs(*(array.write(i, value) for array, value in zip(outputs, step)))
         return StepOutputs(*(array.stack() for array in outputs))
 
-    stop_requested = _StopOnAnyWorker(choice, hooks)
+    agree = StopAgreement(choice, hooks)
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-    while controller.step < plan.total_steps:
+    while not controller.is_done:
         # An execution also ends with its epoch.
         count = controller.steps_to_next(min(steps_per_execution, steps_per_epoch - controller.step % steps_per_epoch))
         outputs = run_steps(iterator, tf.constant(count, tf.int32))
-        controller.after_execution(StepOutputs(*(values.numpy() for values in outputs)), stop_requested)
+        controller.after_execution(StepOutputs(*(values.numpy() for values in outputs)), agree)
 
 
 def _run_parameter_server(choice: strategies.StrategyChoice, coordinator, dataset_fn: epochs.DatasetFn, train_step,
@@ -269,13 +259,13 @@ def _run_parameter_server(choice: strategies.StrategyChoice, coordinator, datase
 
     per_worker_iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
     worker_step = tf.function(train_step)
-    while controller.step < plan.total_steps:
+    agree = StopAgreement(choice, hooks, collective=False)  # the chief alone runs this loop
+    while not controller.is_done:
         count = controller.steps_to_next(plan.total_steps)
         results = [coordinator.schedule(worker_step, args=(per_worker_iterator,)) for _ in range(count)]
         coordinator.join()
         fetched = [r.fetch() for r in results]
-        controller.after_execution(StepOutputs(*(np.array(values, np.float32) for values in zip(*fetched))),
-                                   hooks.stop_requested)
+        controller.after_execution(StepOutputs(*(np.array(values, np.float32) for values in zip(*fetched))), agree)
 
 
 def run_server(cluster: ClusterInfo) -> None:

@@ -67,3 +67,11 @@ class TrainResult(BaseModel):
     wall_s: float = 0.0
     start_step: int = 0  # the step restored from a checkpoint (0 for a fresh run)
     is_chief: bool = True
+    # Early stopping (`train.early_stopping`): the checkpoint metric it watched (None when disabled); whether it
+    # ended training and at which step (final_step); its best evaluation's step (None before any); why training
+    # ended, in words (an early stop, or the planned steps).
+    early_stopping_metric: str | None = None
+    stopped_early: bool = False
+    stopped_at_step: int | None = None
+    best_step: int | None = None
+    stop_reason: str = ""

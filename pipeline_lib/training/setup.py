@@ -19,6 +19,7 @@ from pipeline_lib.data.statistics import load_statistics
 from pipeline_lib.planning.sharding import ShardPlan
 from pipeline_lib.training import models
 from pipeline_lib.training import strategy as strategies
+from pipeline_lib.training.early_stopping import PatienceState
 from pipeline_lib.training.errors import TrainingError
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class TrainingState:
     store: CheckpointStore
     run_storage: RunStorage
     start_step: int  # 0 for a fresh run
+    patience: PatienceState  # early stopping's state, in the checkpoint
     restored: CheckpointRecord | None = None  # the checkpoint restored, None for a fresh run
 
 
@@ -95,7 +97,7 @@ def create_training_state(config: PipelineConfig, manifest: Manifest, plan: Shar
     """
     run_storage = RunStorage(run_dir, cluster, config.storage_options, checkpoint_subdir=CHECKPOINT_DIR,
                              tensorboard_subdir=TENSORBOARD_DIR)
-    model, optimizer, step_var, checkpoint = _create_variables(config, manifest, choice)
+    model, optimizer, step_var, patience, checkpoint = _create_variables(config, manifest, choice)
     best_metric, best_direction = selection.selection_metric(config)
     store = CheckpointStore(run_storage.local_checkpoint_dir, checkpoint, cluster=cluster,
                             keep=config.train.keep_checkpoints, best_metric=best_metric, best_direction=best_direction)
@@ -110,7 +112,7 @@ def create_training_state(config: PipelineConfig, manifest: Manifest, plan: Shar
     elif start_step:
         logger.info("resuming at step %d of %d", start_step, plan.total_steps)
     return TrainingState(model=model, optimizer=optimizer, step_var=step_var, checkpoint=checkpoint, store=store,
-                         run_storage=run_storage, start_step=start_step, restored=restored)
+                         run_storage=run_storage, start_step=start_step, patience=patience, restored=restored)
 
 
 def _create_optimizer(config: PipelineConfig, learning_rate, mixed_precision: bool) -> keras.optimizers.Optimizer:
@@ -136,6 +138,7 @@ def _build_model(config: PipelineConfig, manifest: Manifest) -> keras.Model:
 
 
 def _create_variables(config: PipelineConfig, manifest: Manifest, choice: strategies.StrategyChoice):
+    patience = PatienceState()  # outside the scope: the chief's plain variables, never mirrored nor all-reduced
     with choice.strategy.scope():
         model = _build_model(config, manifest)
         learning_rate = strategies.create_learning_rate(config.train, choice.num_replicas)
@@ -147,8 +150,9 @@ def _create_variables(config: PipelineConfig, manifest: Manifest, choice: strate
         # Keras does not checkpoint the dropout seed-generator states with the model; an exact resume
         # needs them, so they ride along under their own key (model-only restores ignore it).
         rng_states = [v.value for v in model.variables if v.path.endswith("seed_generator_state")]
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step, rng=rng_states)
-    return model, optimizer, step, checkpoint
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step, rng=rng_states,
+                                         early_stopping=patience)
+    return model, optimizer, step, patience, checkpoint
 
 
 def _restore(store: CheckpointStore, checkpoint: tf.train.Checkpoint, model: keras.Model,

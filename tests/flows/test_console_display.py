@@ -105,3 +105,23 @@ def test_warnings_print_above_the_display_and_info_lines_are_held_back():
     assert stream.getvalue() == ""  # the terminal's handler is held back
     text = console.export_text()
     assert "WARNING tests.console.above: restart 1 of 3: worker 1 exited -9" in text and "step: 50" not in text
+
+
+def test_the_summary_says_where_and_why_training_stopped_early():
+    from flows.console import summary_event
+    from flows.pipeline import PipelineSummary
+    from pipeline_lib.evaluation.report import GateDecision
+
+    reason = ("eval_accuracy did not improve by more than 0 in 5 evaluation(s) (train.early_stopping.patience); "
+              "best 0.9612 at step 400")
+    gate = GateDecision(blessed=True, reason="accuracy 0.9612; no champion yet", metric="accuracy", direction="max",
+                        value=0.9612, threshold=None)
+    summary = PipelineSummary(
+        pipeline="digits", run_name="digits-1", run_dir="/runs/digits-1", mlflow_run_id="abc", mlflow_uri="http://m",
+        experiment="digits", metrics={"accuracy": 0.9612}, model_name=None, model_version=None,
+        export_dir="/runs/digits-1/export", data_fingerprint="f", strategy="default", num_workers=1, num_replicas=1,
+        global_batch_size=32, scaled_learning_rate=0.001, final_step=900, num_restarts=0, restarts=[], blessed=True,
+        gate=gate, stopped_early=True, stopped_at_step=900, best_step=400, stop_reason=reason)
+    rows = dict(summary_event(summary).rows)
+    assert rows["final step"] == f"900 (stopped early: {reason})"
+    assert '"stopped_at_step":900,"best_step":400' in summary.model_dump_json()  # what `tfdag run --json` prints

@@ -27,7 +27,7 @@ def _write_config(tmp_path: Path, **extra) -> Path:
         "data": {"source": str(tmp_path / "raw" / "wine.csv"), "label": "cultivar"},
         "output_root": str(tmp_path / "out"),
         # Trained in this process, as the digits example does: what is tested is the validation, not the worker.
-        "train": {"isolation": "none"},
+        "train": {"isolation": "none", "epochs": 5},  # a few steps (the default ceiling is 100 epochs)
         "tracking": {"experiment": "wine-validation", "mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
         **extra,
     }))

@@ -63,6 +63,11 @@ def test_training_pipeline_end_to_end(digits_run, tmp_path):
     assert params["data_fingerprint"] == summary.data_fingerprint
     assert int(params["steps_per_epoch"]) * config.train.epochs == int(params["total_steps"]) == summary.final_step
     assert params["deterministic"] == "True" and params["optimizer"] == "adam"
+    # Early stopping (on by default) watched the gate metric and ran out of evaluations before patience (5).
+    assert not summary.stopped_early and summary.stopped_at_step is None
+    assert summary.stop_reason.startswith(f"trained the planned {summary.final_step} steps")
+    assert (params["stopped_early"], params["stop_reason"]) == ("False", summary.stop_reason)
+    assert params["early_stopping_metric"] == "eval_accuracy" and params["best_step"] == str(summary.best_step)
     assert params["tensorflow_version"].startswith("2.21")
 
     history = client.get_metric_history(run.info.run_id, "loss")

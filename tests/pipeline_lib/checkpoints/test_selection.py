@@ -22,7 +22,8 @@ def _records(values: dict[int, float], metric: str = "eval_accuracy") -> list[Ch
     ("classification", {"metric": "accuracy"}, ("eval_accuracy", Direction.MAX)),
     ("classification", {"metric": "accuracy", "direction": "min"}, ("eval_accuracy", Direction.MIN)),
     ("classification", {"metric": "loss", "direction": "max"}, ("eval_loss", Direction.MIN)),
-    ("classification", {"metric": "mae"}, ("eval_mae", Direction.MIN)),
+    ("classification", {"metric": "mae"}, ("eval_loss", Direction.MIN)),
+    ("regression", {"metric": "rmse"}, ("eval_rmse", Direction.MIN)),
     ("classification", {"metric": "auc"}, ("eval_loss", Direction.MIN)),
     ("regression", {"metric": "accuracy"}, ("eval_mae", Direction.MIN)),
 ])

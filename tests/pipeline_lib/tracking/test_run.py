@@ -22,9 +22,14 @@ def _train_result(tmp_path) -> TrainResult:
     return TrainResult(
         run_dir=str(tmp_path / "run"), strategy="mirrored", strategy_reason="2 logical CPUs", num_workers=1,
         num_replicas=2, per_replica_batch_size=16, global_batch_size=32, base_learning_rate=0.001,
-        scaled_learning_rate=0.002, lr_scaling="linear", steps_per_epoch=8, total_steps=40, final_step=40,
+        scaled_learning_rate=0.002, lr_scaling="linear", steps_per_epoch=8, total_steps=40, final_step=24,
         final_loss=0.3, checkpoint_dir=str(tmp_path / "run" / "checkpoints"), checkpoints=(),
-        tensorboard_dir=str(tmp_path / "run" / "tensorboard"))
+        tensorboard_dir=str(tmp_path / "run" / "tensorboard"), early_stopping_metric="eval_accuracy",
+        stopped_early=True, stopped_at_step=24, best_step=8, stop_reason=STOP_REASON)
+
+
+STOP_REASON = ("eval_accuracy did not improve by more than 0 in 2 evaluation(s) (train.early_stopping.patience); "
+               "best 0.75 at step 8")
 
 
 def _all_run_text(client: MlflowClient, run_id: str, tmp_path) -> str:
@@ -126,6 +131,11 @@ def test_pipeline_params_and_no_secret_anywhere_in_the_run(tmp_path, tiny_manife
     assert logged["base_learning_rate"] == "0.001" and logged["scaled_learning_rate"] == "0.002"
     assert logged["lr_scaling"] == "linear" and logged["epochs"] == "5"
     assert logged["steps_per_epoch"] == "8" and logged["total_steps"] == "40"
+    # How training ended: the early stop, its step, its best step and why; the early-stopping settings.
+    assert (logged["stopped_early"], logged["stopped_at_step"], logged["best_step"]) == ("True", "24", "8")
+    assert logged["stop_reason"] == STOP_REASON and logged["early_stopping_metric"] == "eval_accuracy"
+    assert (logged["early_stopping"], logged["early_stopping_patience"], logged["early_stopping_min_delta"]) == (
+        "True", "5", "0.0")
     assert logged["tensorflow_version"] == tf.__version__ and logged["keras_version"] == keras.__version__
     assert logged["data_fingerprint"] == tiny_manifest.fingerprint
     assert logged["shard_policy"] == "data" and logged["shard_num_files"] == "1"

@@ -8,6 +8,7 @@ import pytest
 
 from pipeline_lib.checkpoints.records import CheckpointRecord
 from pipeline_lib.config import Direction, TrainConfig
+from pipeline_lib.training.agreement import GroupStop
 from pipeline_lib.training.controller import LoopController
 from pipeline_lib.training.errors import TrainingInterrupted
 from pipeline_lib.training.hooks import TrainHooks
@@ -76,7 +77,7 @@ def test_executions_stop_at_log_checkpoint_and_end_steps():
     while controller.step < controller.total_steps:
         count = controller.steps_to_next(100)
         ran.append(count)
-        controller.after_execution(_outputs(count), lambda: False)
+        controller.after_execution(_outputs(count), lambda early: GroupStop())
     controller.finish()
     assert ran == [4, 4, 2, 2, 4, 4, 4, 1]
     assert progress.logged == [4, 8, 12, 16, 20, 24, 25]
@@ -93,9 +94,9 @@ def test_executions_stop_at_log_checkpoint_and_end_steps():
 
 def test_a_stop_request_saves_the_step_then_interrupts():
     controller, state, _, _ = _controller()
-    controller.after_execution(_outputs(3), lambda: False)
+    controller.after_execution(_outputs(3), lambda early: GroupStop())
     with pytest.raises(TrainingInterrupted) as stopped:
-        controller.after_execution(_outputs(2), lambda: True)
+        controller.after_execution(_outputs(2), lambda early: GroupStop(requested=True))
     assert stopped.value.step == 5 and stopped.value.checkpoint_path == "/run/checkpoints/ckpt-5"
     assert state.store.saved == [5]
 

@@ -23,10 +23,11 @@ from tests.pipeline_lib.launch_support import (
 STEPS = 50
 GLOBAL_BATCH = 64
 TOLERANCE = 1e-5
-# SGD, unscaled LR, no shuffle, op determinism: only the distribution differs between the runs.
+# SGD, unscaled LR, no shuffle, op determinism: only the distribution differs between the runs. Exactly STEPS steps:
+# no early stop (7 evaluations would give the default patience room to end a run sooner).
 EQUIVALENCE = {"steps": STEPS, "deterministic": True, "shuffle": False, "optimizer": "sgd",
                "base_learning_rate": 0.1, "lr_scaling": "none", "checkpoint_every_steps": 7, "log_every_steps": 25,
-               "seed": 7}
+               "seed": 7, "early_stopping": {"enabled": False}}
 MODEL = {"factory": "mlp", "params": {"hidden_units": [16, 8]}}
 
 
