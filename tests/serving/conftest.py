@@ -81,7 +81,7 @@ def _train_and_register(root: Path, source: str, tracking_uri: str, name: str, l
 def served_models(tmp_path_factory) -> ServedModels:
     """The wine table (13 numbers, the `cellar` strings, 5 % of the cells empty) trained a few steps twice, logged
     and registered in a sqlite store: `cultivar` (classification, string label; alias champion) and `alcohol`
-    (regression, its rows with an empty label skipped). ~30 s on an idle machine: two conversions, 14 steps, two
+    (regression, its rows with an empty label skipped). 16-30 s measured: two conversions, 14 steps, two
     exports and two model loggings (MLflow loads each model to check its input example)."""
     from mlflow import MlflowClient
 
@@ -165,7 +165,7 @@ def _wait_for_ping(process: subprocess.Popen, url: str, log_path: Path, timeout_
 def scoring_server(served_models, clean_venv, tmp_path_factory):
     """`mlflow models serve -m models:/<classifier>@champion --env-manager local` on loopback, run by the clean venv's
     mlflow against the sqlite store; stopped at the end of the session. Importing TensorFlow and MLflow and loading
-    the model in a new process: ~30 s here, over a minute on two busy cores; one server for the session."""
+    the model in a new process: 17-30 s measured, over a minute on two busy cores; one server for the session."""
     work = tmp_path_factory.mktemp("scoring_server")
     port = free_port()
     model_uri = f"models:/{CLASSIFIER}@{CHAMPION}"

@@ -111,7 +111,7 @@ def _example(row: pd.Series, columns: list[dict]) -> bytes:
 @pytest.fixture(scope="module")
 def clean_venv_answers(served_models, clean_venv, tmp_path_factory):
     """What the clean venv's python answers: the registered models through `mlflow.pyfunc` and the classifier's
-    SavedModel through its two signatures. One process, so TensorFlow and MLflow load once: ~25 s."""
+    SavedModel through its two signatures. One process, so TensorFlow and MLflow load once: 14-25 s measured."""
     classifier, regressor = served_models.classifier, served_models.regressor
     rows, regression_rows = _user_rows(classifier), _user_rows(regressor)
     calls = [(f"models:/{CLASSIFIER}/{classifier.version}", rows), (f"models:/{CLASSIFIER}@{CHAMPION}", rows),
