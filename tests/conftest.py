@@ -157,8 +157,9 @@ ORDER_ENV = "TFDAG_TEST_ORDER"
 
 
 # Tests under these folders share one group whatever their fixtures: tests/ray's own clusters (`tfdag stack up --ray`)
-# and the session cluster must not run at the same time on this machine's two cores.
-XDIST_GROUP_OF_FOLDER = {"ray": "ray"}
+# and the session cluster must not run at the same time on this machine's two cores; tests/serving's registered
+# models, clean virtualenv and scoring server (tests/serving/conftest.py) are made once.
+XDIST_GROUP_OF_FOLDER = {"ray": "ray", "serving": "serving"}
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -22,7 +22,8 @@ def example_split(manifest: Manifest) -> str:
 def raw_rows(manifest: Manifest, num_rows: int = 5, *, split: str | None = None,
              storage_options: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """The first `num_rows` records of a split as the table's own rows: one column per feature, numbers as
-    float64 with NaN for a missing value, strings as str with None for a missing one, vectors as lists."""
+    float64 (each float32's shortest decimal) with NaN for a missing value, strings as str with None for a missing
+    one, vectors as lists."""
     split = split or example_split(manifest)
     local = staging.stage_split(manifest, split, storage_options=dict(storage_options or {}))
     compression = "GZIP" if local.compression == "gzip" else ""
@@ -37,6 +38,8 @@ def raw_rows(manifest: Manifest, num_rows: int = 5, *, split: str | None = None,
             decoded = np.vectorize(lambda v: v.decode() if v else None, otypes=[object])(values)
             frame[spec.name] = list(decoded) if spec.shape else decoded
         else:
-            values = values.astype(np.float64)
+            # The shortest decimal of each float32 (13.16, not 13.15999984741211): the number as the source wrote
+            # it, and the same float32 again when the model reads it.
+            values = values.astype(str).astype(np.float64)
             frame[spec.name] = [row.tolist() for row in values] if spec.shape else values
     return pd.DataFrame(frame)

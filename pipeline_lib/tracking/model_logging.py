@@ -94,7 +94,10 @@ def model_signature(schema: Schema, outputs: pd.DataFrame):
     from mlflow.types.schema import ColSpec
     from mlflow.types.schema import Schema as ColumnSchema
 
-    inputs = ColumnSchema([ColSpec(_column_type(spec), spec.name, required=True) for spec in schema.features])
+    # A vector column is not `required`: MLflow refuses a None cell (a missing vector, which the model takes as all
+    # NaN) in a required Array column. Without it, an absent vector column is named by tfdag_scoring's error instead.
+    inputs = ColumnSchema([ColSpec(_column_type(spec), spec.name, required=not spec.shape)
+                           for spec in schema.features])
     kinds = {"O": "string", "U": "string", "i": "long", "f": "double"}
     columns = [ColSpec("float" if outputs[name].dtype == np.float32 else kinds[outputs[name].dtype.kind], name)
                for name in outputs.columns]
