@@ -30,6 +30,7 @@ SUITES = {
     "orchestration": "bench.bench_orchestration",
     "ray": "bench.bench_ray",
     "scale": "bench.bench_scale",
+    "scoring": "bench.bench_scoring",
 }
 RESULTS = Path(__file__).resolve().parent / "results.json"
 

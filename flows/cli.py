@@ -24,6 +24,7 @@ TFRecord conversion -> shard planning -> cluster validation -> distributed train
   tfdag validate-data CONFIG [--against latest|champion|RUN_ID]   check the data against a baseline run
   tfdag validate-cluster --strategy multi_worker_mirrored   check TF_CONFIG before training
   tfdag reproduce RUN_ID                  retrain a tracked run and prove its weights bit for bit
+  tfdag predict MODEL INPUT OUTPUT        score a table of any size (models:/NAME@champion, CSV/Parquet/JSONL in)
   tfdag stack up [--ray N]                local Prefect + MLflow servers, work pool, worker, deployments
                                           (--ray N: and a local Ray cluster of N nodes)
 
@@ -169,6 +170,12 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return EXIT_OK if outcome.reproduced else EXIT_FAILURE
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    from flows import predict_command
+
+    return predict_command.cmd_predict(args)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from pipeline_lib.launch import worker
 
@@ -274,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare weights within this absolute bound instead of bit for bit (lets a "
                         "non-deterministic run through)")
     p.add_argument("--work-dir", default=None, help="where the rerun trains (default: <output_root>/reproduce)")
+
+    from flows import predict_command
+
+    predict_command.add_arguments(add("predict", cmd_predict, predict_command.HELP, config=False))
 
     p = add("worker", cmd_worker, "run one training task (reads TF_CONFIG); what a cluster pod runs", config=False)
     p.add_argument("--spec", required=True, help="path or URI of the worker spec JSON written by the launcher")

@@ -3,7 +3,6 @@ server, work pool, process worker, deployments) on free loopback ports, started 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -68,15 +67,23 @@ def tfdag_stack(tmp_path_factory) -> RunningStack:
     assert down.returncode == 0 and not leftovers, f"tfdag stack down left {leftovers}:\n{down.stdout}{down.stderr}"
 
 
+# The deployments of prefect.yaml with a schedule: the nightly retrain (03:00 UTC) and the scoring after it (04:00).
+SCHEDULED_DEPLOYMENTS = ("retrain/nightly", "batch-predict/champion")
+
+
 def _pause_schedules(running: RunningStack) -> None:
-    """The nightly cron must not start a real retrain in the middle of a test session that spans 03:00 UTC."""
-    out = prefect_cli(running, "deployment", "schedule", "ls", "retrain/nightly", "--output", "json", timeout=120)
-    if out.returncode != 0:
-        raise AssertionError(f"cannot list the schedules of retrain/nightly:\n{out.stdout}{out.stderr}")
-    for schedule in json.loads(out.stdout):
-        paused = prefect_cli(running, "deployment", "schedule", "pause", "retrain/nightly", schedule["id"],
-                             timeout=120)
-        assert paused.returncode == 0, paused.stdout + paused.stderr
+    """The crons must not start a real retrain or scoring run in the middle of a test session that spans 03:00 or
+    04:00 UTC. What `prefect deployment schedule pause` does, through the client (no CLI process per schedule)."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with (temporary_settings(updates={PREFECT_API_URL: running.state.prefect_api_url}),
+          get_client(sync_client=True) as client):
+        for name in SCHEDULED_DEPLOYMENTS:
+            deployment = client.read_deployment_by_name(name)
+            assert deployment.schedules, f"{name} has no schedule to pause"
+            for schedule in deployment.schedules:
+                client.update_deployment_schedule(deployment.id, schedule.id, active=False)
 
 
 @pytest.fixture(scope="session")

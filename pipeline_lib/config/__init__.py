@@ -43,6 +43,11 @@ from pipeline_lib.config.pipeline import (  # noqa: F401
     parse_config,
     resolve_config,
 )
+from pipeline_lib.config.predict import (  # noqa: F401
+    DEFAULT_BATCH_ROWS,
+    OutputFormat,
+    PredictConfig,
+)
 from pipeline_lib.config.ray import (  # noqa: F401
     RAY_ADDRESS_ENV,
     RayConfig,

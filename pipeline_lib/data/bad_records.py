@@ -23,7 +23,8 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _bad_message(chunk: RawChunk, position: int, column: str | None, value: Any, why: str) -> str:
+def bad_message(chunk: RawChunk, position: int, column: str | None, value: Any, why: str) -> str:
+    """`<file> line|row <n>, column '<name>': value <value> <why>` (without a column: `<file> line <n> <why>`)."""
     where = f"{chunk.uri} {chunk.unit} {position}"
     if column is None:
         return f"{where} {why}"
@@ -55,7 +56,7 @@ class BadRecords:
         """
         problems: list[tuple[int, str]] = []
         for position, why in chunk.structural:
-            problems.append((position, _bad_message(chunk, position, None, None, why)))
+            problems.append((position, bad_message(chunk, position, None, None, why)))
         rows = np.flatnonzero(bad)
         if self.on_bad_record == OnBadRecord.FAIL:
             failing = bad & ~skip if skip is not None else bad
@@ -71,7 +72,7 @@ class BadRecords:
             name = next(n for n, c in columns.items() if c.bad[row])
             value, why = columns[name].reasons[row]
             position = chunk.position(row)
-            problems.append((position, _bad_message(chunk, position, name, value, why)))
+            problems.append((position, bad_message(chunk, position, name, value, why)))
         problems.sort(key=lambda p: p[0])
         if fail:
             _position, message = problems[0]

@@ -8,6 +8,7 @@ loads carries its columns in `assets.extra/tfdag_serving.json`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -25,7 +26,21 @@ DEFAULT_BATCH_ROWS = 4096
 
 
 class RawRowError(ValueError):
-    """A row or column of the input cannot be scored: names the column, the row and the value."""
+    """A row or column of the input cannot be scored: names the column, the row and the value.
+
+    For one bad value, `column`, `row` (the row's offset), `value` and `reason` ("is not a number") say which; a
+    caller that knows where the rows came from (a file's line) words its own message from them.
+    """
+
+    def __init__(self, message: str, *, column: str | None = None, row: int | None = None, value: Any = None,
+                 reason: str | None = None) -> None:
+        super().__init__(message)
+        self.column, self.row, self.value, self.reason = column, row, value, reason
+
+
+def _bad_value(name: str, row: int, value: Any, reason: str, fix: str) -> RawRowError:
+    return RawRowError(f"column {name!r}, row {row}: {value!r} {reason}; {fix}", column=name, row=row, value=value,
+                       reason=reason)
 
 
 def probability_column(label_value: Any) -> str:
@@ -38,27 +53,39 @@ def read_serving_spec(saved_model_dir: str) -> dict[str, Any]:
         return json.load(handle)
 
 
-def _number_column(name: str, values: pd.Series, shape: Sequence[int], offset: int) -> np.ndarray:
+def _number_column(name: str, values: pd.Series, shape: Sequence[int], offset: int
+                   ) -> tuple[np.ndarray, dict[int, RawRowError]]:
+    """The column as float32 (NaN where missing), and each bad row's problem by its position (its value is NaN)."""
+    problems: dict[int, RawRowError] = {}
     if shape:  # a fixed-length vector per row
+        with contextlib.suppress(TypeError, ValueError):  # every row a list of the right length: one conversion
+            stacked = np.asarray(values.tolist(), np.float32)
+            if stacked.shape == (len(values), *shape):
+                return stacked, problems
         rows = []
+        size = int(np.prod(shape))
         for position, cell in enumerate(values.to_numpy(dtype=object)):
-            array = np.full(shape, np.nan, np.float32) if _is_missing(cell) else np.asarray(cell, np.float32)
-            if array.shape != tuple(shape):
-                raise RawRowError(f"column {name!r}, row {offset + position}: {len(np.ravel(array))} values, the "
-                                  f"model takes {int(np.prod(shape))}; send a list of that length")
+            try:
+                array = np.full(shape, np.nan, np.float32) if _is_missing(cell) else np.asarray(cell, np.float32)
+            except (TypeError, ValueError):
+                array = None
+            if array is None or array.shape != tuple(shape):
+                reason = (f"is not a list of {size} numbers" if array is None
+                          else f"has {len(np.ravel(array))} values, the model takes {size}")
+                problems[position] = _bad_value(name, offset + position, cell, reason, "send a list of that length")
+                array = np.full(shape, np.nan, np.float32)
             rows.append(array)
-        return np.stack(rows) if rows else np.zeros((0, *shape), np.float32)
+        return (np.stack(rows) if rows else np.zeros((0, *shape), np.float32)), problems
     if pd.api.types.is_bool_dtype(values.dtype):
-        return values.to_numpy(dtype=np.float32)
+        return values.to_numpy(dtype=np.float32), problems
     if pd.api.types.is_numeric_dtype(values.dtype):
-        return pd.to_numeric(values).to_numpy(dtype=np.float32, na_value=np.nan)
+        return pd.to_numeric(values).to_numpy(dtype=np.float32, na_value=np.nan), problems
     converted = pd.to_numeric(values, errors="coerce")
     bad = converted.isna() & ~values.map(_is_missing).astype(bool)
-    if bad.any():
-        position = int(np.flatnonzero(bad.to_numpy())[0])
-        raise RawRowError(f"column {name!r}, row {offset + position}: {values.iloc[position]!r} is not a number; "
-                          "send numbers (missing: null or NaN)")
-    return converted.to_numpy(dtype=np.float32, na_value=np.nan)
+    for position in np.flatnonzero(bad.to_numpy()).tolist():
+        problems[position] = _bad_value(name, offset + position, values.iloc[position], "is not a number",
+                                        "send numbers (missing: null or NaN)")
+    return converted.to_numpy(dtype=np.float32, na_value=np.nan), problems
 
 
 def _is_missing(cell: Any) -> bool:
@@ -79,7 +106,17 @@ def _string_column(values: pd.Series, shape: Sequence[int]) -> np.ndarray:
     if shape:
         return np.asarray([[text(c) for c in np.ravel(cell)] if not _is_missing(cell) else [b""] * int(np.prod(shape))
                            for cell in values.to_numpy(dtype=object)], dtype=object).reshape((-1, *shape))
-    return np.asarray([text(c) for c in values.to_numpy(dtype=object)], dtype=object)
+    cells = values.to_numpy(dtype=object)
+    if set(map(type, cells)) <= {str, bytes, type(None), float}:  # text, None or NaN: TensorFlow encodes str itself
+        missing = pd.isna(cells)
+        if not missing.any():
+            return cells
+        cells = cells.copy()
+        cells[missing] = b""
+        if not all(isinstance(c, (str, bytes)) for c in cells):  # a float that is a number, not NaN
+            return np.asarray([text(c) for c in values.to_numpy(dtype=object)], dtype=object)
+        return cells
+    return np.asarray([text(c) for c in cells], dtype=object)
 
 
 class Scorer:
@@ -113,21 +150,36 @@ class Scorer:
         """The serving signature's inputs for these rows: the model's columns (others ignored).
 
         Raises:
-            RawRowError: a column the model takes is absent, or a value does not convert.
+            RawRowError: a column the model takes is absent, or a value does not convert (the first such row).
+        """
+        tensors, problems = self.convert(frame, offset)
+        if problems:
+            raise problems[min(problems)]
+        return tensors
+
+    def convert(self, frame: pd.DataFrame, offset: int = 0) -> tuple[dict[str, np.ndarray], dict[int, RawRowError]]:
+        """`to_tensors` without stopping at a bad value: the inputs for every row (a bad value NaN) and, for each
+        row with a value that does not convert, the first problem of that row by its position in `frame`.
+
+        Raises:
+            RawRowError: a column the model takes is absent.
         """
         absent = [c["name"] for c in self.columns if c["name"] not in frame.columns]
         if absent:
             raise RawRowError(f"the input has no column {', '.join(map(repr, absent))}; the model takes columns "
                               f"{[c['name'] for c in self.columns]} (others are ignored)")
-        tensors = {}
+        tensors: dict[str, np.ndarray] = {}
+        problems: dict[int, RawRowError] = {}
         for column in self.columns:
             name, shape = column["name"], column["shape"]
             values = frame[name]
             if column["dtype"] == "string":
                 tensors[name] = _string_column(values, shape)
             else:
-                tensors[name] = _number_column(name, values, shape, offset)
-        return tensors
+                tensors[name], found = _number_column(name, values, shape, offset)
+                for position, problem in found.items():
+                    problems.setdefault(position, problem)
+        return tensors, problems
 
     def predict_tensors(self, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The serving signature's outputs (`prediction`, and `probabilities` for classification)."""
@@ -144,18 +196,24 @@ class Scorer:
         parts = []
         for start in range(0, max(len(frame), 1), self.batch_rows):
             chunk = frame.iloc[start : start + self.batch_rows]
-            parts.append(self._frame(self.predict_tensors(self.to_tensors(chunk, offset + start)), chunk.index))
+            parts.append(self.to_frame(self.predict_tensors(self.to_tensors(chunk, offset + start)), chunk.index))
         return pd.concat(parts) if len(parts) > 1 else parts[0]
 
-    def _frame(self, outputs: Mapping[str, np.ndarray], index: pd.Index) -> pd.DataFrame:
+    def output_arrays(self, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`predict_tensors`' outputs as the prediction columns: `prediction` in the label's own values and, for
+        classification, `probability_<class>` per class."""
         prediction = outputs[PREDICTION]
         if prediction.dtype == object:
             prediction = np.asarray([v.decode() for v in prediction], dtype=object)
-        data: dict[str, Any] = {PREDICTION: prediction}
+        data: dict[str, np.ndarray] = {PREDICTION: prediction}
         if "probabilities" in outputs and self.label_values is not None:
             for i, value in enumerate(self.label_values):
                 data[probability_column(value)] = outputs["probabilities"][:, i]
-        return pd.DataFrame(data, index=index)
+        return data
+
+    def to_frame(self, outputs: Mapping[str, np.ndarray], index: pd.Index | None = None) -> pd.DataFrame:
+        """`predict_tensors`' outputs as `predict` returns them."""
+        return pd.DataFrame(self.output_arrays(outputs), index=index)
 
 
 def _frame_of(model_input: Any) -> pd.DataFrame:

@@ -27,9 +27,9 @@ def _deployment(model, name: str):
     return next(d for d in model.deployments if d.name == name)
 
 
-def test_prefect_yaml_declares_both_deployments_on_the_process_pool():
+def test_prefect_yaml_declares_the_deployments_on_the_process_pool():
     model = _load(PREFECT_YAML)
-    assert sorted(d.name for d in model.deployments) == ["manual", "nightly"]
+    assert sorted(d.name for d in model.deployments) == ["champion", "manual", "nightly"]
     for deployment in model.deployments:
         assert deployment.work_pool.name == "tfdag-local"
         assert deployment.enforce_parameter_schema is True
@@ -38,6 +38,11 @@ def test_prefect_yaml_declares_both_deployments_on_the_process_pool():
     assert [(s.cron, s.timezone) for s in nightly.schedules] == [("0 3 * * *", "UTC")]
     assert (nightly.concurrency_limit.limit, nightly.concurrency_limit.collision_strategy) == (1, "ENQUEUE")
     assert _deployment(model, "manual").entrypoint == "flows/pipeline.py:training_pipeline"
+    scoring = _deployment(model, "champion")
+    assert scoring.entrypoint == "flows/batch_predict.py:batch_predict"
+    assert scoring.parameters["params"]["model"].endswith("@champion")
+    # An hour after the nightly retrain: it scores with the champion that run left.
+    assert [(s.cron, s.timezone) for s in scoring.schedules] == [("0 4 * * *", "UTC")]
     # No clone or pull: the process worker runs flows in the directory `prefect deploy` ran in.
     steps = [next(iter(step)) for step in model.pull]
     assert steps == ["prefect.deployments.steps.set_working_directory"]
@@ -60,6 +65,9 @@ def test_deployment_parameters_validate_against_the_flows_schemas():
     assert set(retrain["properties"]) == {"config", "overrides", "warm_start", "force"}
     assert retrain["additionalProperties"] is False  # a misspelt field is refused, not ignored
     assert (ROOT / _deployment(model, "nightly").parameters["params"]["config"]).is_file()
+    scoring = schemas["champion"]["definitions"]["PredictConfig"]
+    assert {"model", "input", "output", "keep", "on_bad_record", "storage_options"} <= set(scoring["properties"])
+    assert scoring["additionalProperties"] is False
 
 
 def test_k8s_template_uncommented_is_a_valid_prefect_yaml():
@@ -81,7 +89,7 @@ def _load_text(text: str):
 
 
 @pytest.mark.slow
-def test_stack_deploys_both_deployments_to_the_server(tfdag_stack):
+def test_stack_deploys_every_deployment_to_the_server(tfdag_stack):
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -89,10 +97,12 @@ def test_stack_deploys_both_deployments_to_the_server(tfdag_stack):
           get_client(sync_client=True) as client):
         nightly = client.read_deployment_by_name("retrain/nightly")
         manual = client.read_deployment_by_name("training-pipeline/manual")
+        scoring = client.read_deployment_by_name("batch-predict/champion")
         pool = client.read_work_pool("tfdag-local")
     assert pool.type == "process"
-    assert sorted(tfdag_stack.state.deployments) == ["retrain/nightly", "training-pipeline/manual"]
-    for deployment in (nightly, manual):
+    assert sorted(tfdag_stack.state.deployments) == ["batch-predict/champion", "retrain/nightly",
+                                                     "training-pipeline/manual"]
+    for deployment in (nightly, manual, scoring):
         assert deployment.work_pool_name == "tfdag-local"
         assert deployment.enforce_parameter_schema is True
         assert deployment.pull_steps == [
@@ -101,6 +111,8 @@ def test_stack_deploys_both_deployments_to_the_server(tfdag_stack):
     assert nightly.global_concurrency_limit.limit == 1
     assert nightly.concurrency_options.collision_strategy.value == "ENQUEUE"
     assert "RetrainParameters" in json.dumps(nightly.parameter_openapi_schema)
+    assert [(s.schedule.cron, s.schedule.timezone) for s in scoring.schedules] == [("0 4 * * *", "UTC")]
+    assert "PredictConfig" in json.dumps(scoring.parameter_openapi_schema)
 
 
 @pytest.mark.slow

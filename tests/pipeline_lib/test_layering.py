@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("checkpoints",),
     ("training", "serving"),
     ("evaluation", "tracking"),
-    ("launch",),
+    ("launch", "prediction"),
     ("reproduce",),
     ("testing",),
 )

@@ -1,0 +1,67 @@
+"""`tfdag predict MODEL INPUT OUTPUT`: batch scoring from the command line, without Prefect."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+HELP = ("score a table (CSV, Parquet, JSON Lines; any fsspec URL) with a model (models:/NAME@ALIAS, models:/NAME/N, "
+        "runs:/ID/model or an export directory) into Parquet or CSV, chunk by chunk")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="models:/NAME@ALIAS, models:/NAME/VERSION, runs:/RUN_ID/model, or an export directory "
+                                 "(a run's export_dir: saved_model/ and export_manifest.json)")
+    p.add_argument("input", help="the table: a file, directory or glob of .csv, .parquet or .jsonl (any fsspec URL)")
+    p.add_argument("output", help="where the predictions go: .parquet or .csv (any fsspec URL), written whole or not "
+                                  "at all")
+    p.add_argument("--keep", action="append", default=[], metavar="COLUMN",
+                   help="copy this input column to the output beside the predictions (repeat for more), e.g. an id")
+    p.add_argument("--format", dest="output_format", choices=["parquet", "csv"], default=None,
+                   help="the output's format (default: by OUTPUT's extension)")
+    p.add_argument("--input-format", choices=["auto", "csv", "parquet", "jsonl"], default="auto",
+                   help="the input's format (default: by extension)")
+    p.add_argument("--batch-rows", type=int, default=None,
+                   help="rows per chunk and per call of the model: what bounds memory (default 4096)")
+    p.add_argument("--on-bad-record", choices=["fail", "skip"], default="fail",
+                   help="fail: stop at the first bad row, naming its file, line and column (exit 2); skip: score the "
+                        "others and count the bad ones (default: fail)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="the MLflow store of a models:/ or runs:/ URI (default: $MLFLOW_TRACKING_URI, else the "
+                        "bundled config's)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
+
+
+def predict_config(args: argparse.Namespace):
+    """The PredictConfig the arguments describe; an invalid one is a ConfigError naming the option."""
+    from pydantic import ValidationError
+
+    from flows.stage_inputs import load
+    from pipeline_lib.config import ConfigError, PredictConfig
+    from pipeline_lib.prediction.models import is_mlflow_uri
+
+    tracking_uri = args.tracking_uri
+    if tracking_uri is None and is_mlflow_uri(args.model):
+        tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or load(None).mlflow_uri
+    values = {"model": args.model, "input": args.input, "output": args.output, "keep": tuple(args.keep),
+              "output_format": args.output_format, "input_format": args.input_format,
+              "on_bad_record": args.on_bad_record, "tracking_uri": tracking_uri}
+    if args.batch_rows is not None:
+        values["batch_rows"] = args.batch_rows
+    try:
+        return PredictConfig(**values)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        option = "--" + "-".join(str(part) for part in problem["loc"][:1]).replace("_", "-")
+        raise ConfigError(f"{option} ({problem.get('input')!r}): {problem['msg']}") from None
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from pipeline_lib.core.exit_codes import EXIT_OK
+    from pipeline_lib.prediction.predict import predict
+
+    result = predict(predict_config(args))
+    print(f"tfdag | {result.summary_line()}", flush=True)
+    if args.json:
+        print(result.model_dump_json())
+    return EXIT_OK
