@@ -82,6 +82,27 @@ def _string_column(values: pd.Series, shape: Sequence[int]) -> np.ndarray:
     return np.asarray([text(c) for c in values.to_numpy(dtype=object)], dtype=object)
 
 
+def to_tensors(columns: Sequence[Mapping[str, Any]], frame: pd.DataFrame, offset: int = 0) -> dict[str, np.ndarray]:
+    """The serving signature's inputs for these rows, by column name: `columns` from `tfdag_serving.json`.
+
+    Raises:
+        RawRowError: a column the model takes is absent, or a value does not convert.
+    """
+    absent = [c["name"] for c in columns if c["name"] not in frame.columns]
+    if absent:
+        raise RawRowError(f"the input has no column {', '.join(map(repr, absent))}; the model takes columns "
+                          f"{[c['name'] for c in columns]} (others are ignored)")
+    tensors = {}
+    for column in columns:
+        name, shape = column["name"], column["shape"]
+        values = frame[name]
+        if column["dtype"] == "string":
+            tensors[name] = _string_column(values, shape)
+        else:
+            tensors[name] = _number_column(name, values, shape, offset)
+    return tensors
+
+
 class Scorer:
     """A SavedModel exported by tfdag, called on raw rows.
 
@@ -115,19 +136,7 @@ class Scorer:
         Raises:
             RawRowError: a column the model takes is absent, or a value does not convert.
         """
-        absent = [c["name"] for c in self.columns if c["name"] not in frame.columns]
-        if absent:
-            raise RawRowError(f"the input has no column {', '.join(map(repr, absent))}; the model takes columns "
-                              f"{[c['name'] for c in self.columns]} (others are ignored)")
-        tensors = {}
-        for column in self.columns:
-            name, shape = column["name"], column["shape"]
-            values = frame[name]
-            if column["dtype"] == "string":
-                tensors[name] = _string_column(values, shape)
-            else:
-                tensors[name] = _number_column(name, values, shape, offset)
-        return tensors
+        return to_tensors(self.columns, frame, offset)
 
     def predict_tensors(self, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The serving signature's outputs (`prediction`, and `probabilities` for classification)."""
