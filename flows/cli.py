@@ -29,7 +29,7 @@ TFRecord conversion -> shard planning -> cluster validation -> distributed train
                                           (--ray N: and a local Ray cluster of N nodes)
 
 exit codes: 0 success, 1 failure, 2 bad input (one line names the value and the fix),
-            3 trained, not blessed (the evaluation gate refused the model), 130 interrupted
+            3 trained, not blessed (the evaluation gate or the model check refused it), 130 interrupted
 """
 
 

@@ -205,8 +205,11 @@ def summary_event(summary: PipelineSummary) -> RunSummary:
         lines.append(f"tfdag | registered model {summary.model_name} version {summary.model_version}{tag}")
         rows.append(("registered", f"{summary.model_name} version {summary.model_version}{tag}"))
     elif not summary.blessed and summary.mlflow_run_id:
-        lines.append("tfdag | not registered (tracking.register: blessed)")
-        rows.append(("registered", "no (tracking.register: blessed)"))
+        why = "the model check failed" if summary.model_validated is False else "tracking.register: blessed"
+        lines.append(f"tfdag | not registered ({why})")
+        rows.append(("registered", f"no ({why})"))
+    if summary.model_validated is not None:
+        rows.append(("model check", "passed" if summary.model_validated else "FAILED (see blessed)"))
     lines.append(f"tfdag | blessed: {blessed} | {summary.gate.reason}")
     rows.append(("blessed", f"{blessed}: {summary.gate.reason}"))
     return RunSummary(title=f"tfdag run {summary.run_name}", rows=tuple(rows), lines=tuple(lines))

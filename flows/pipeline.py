@@ -1,4 +1,5 @@
-"""The `training-pipeline` flow: convert → plan → validate → train → consolidate → evaluate → track."""
+"""The `training-pipeline` flow: convert → plan → validate → train → consolidate → evaluate → log the model → check
+it in a fresh process → gate → track (register)."""
 
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ class PipelineSummary(BaseModel):
     num_restarts: int
     restarts: list[str]  # each restart: its cause and the step it resumed from
     blessed: bool
-    gate: GateDecision  # why (not) blessed: metric, value, threshold, the champion's value
+    gate: GateDecision  # why (not) blessed: metric, value, threshold, the champion's value, a failed model check
+    model_validated: bool | None = None  # the model check before registration; None: evaluation.validate_model off
     champion_metrics: dict[str, float] = {}  # the champion on the same eval split; empty without a champion
     # How training ended (train.early_stopping): an early stop at `stopped_at_step` (the final step), the best
     # evaluation's step, and why in words; a run that trained its planned steps says so in `stop_reason`.
@@ -119,7 +121,8 @@ def run_pipeline(config: PipelineConfig, *, extra_tags: dict[str, str] | None = 
     With tracking enabled, the MLflow run starts once the storage check passed and always ends: FINISHED on
     success; FAILED when a stage raises, with the stage in the `tfdag.failed_stage` tag; KILLED on Ctrl-C or a
     Prefect cancellation. The supervisor's training restarts all log to this one run. A model the gate did not
-    bless ends a FINISHED run tagged `tfdag.blessed=false`; it is registered only with `tracking.register: always`.
+    bless ends a FINISHED run tagged `tfdag.blessed=false`; it is registered only with `tracking.register: always`,
+    and never when it failed the model check before registration (`tfdag.model_validated=false`).
     """
     progress = _Progress()
     logger = get_run_logger()
@@ -219,8 +222,15 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
         champion = find_champion(config)
         if champion is not None:
             champion_report = evaluate_champion(config, manifest, champion)
+    logged = validation = None
+    if run_id and config.tracking.registered_model:
+        progress("log_model")  # logged, not registered: track registers it if the gate and the check allow
+        logged = stages.log_model(config, run_id, export, manifest, report.metrics)
+    if config.evaluation.validate_model:
+        progress("validate_model")
+        validation = stages.validate_model(config, manifest, export, logged, run_id)
     progress("gate")
-    decision = stages.gate(config, report, champion_report, champion.version if champion else None)
+    decision = stages.gate(config, report, champion_report, champion.version if champion else None, validation)
     report = report.model_copy(update={"gate": decision})
 
     version = None
@@ -254,7 +264,7 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
                 artifacts.update(baseline_artifacts(manifest.feature_schema, statistics))
         if train_result.restarts:
             artifacts["training/restarts.txt"] = "".join(f"{r.describe()}\n" for r in train_result.restarts)
-        version = stages.track(config, run_id, params, artifacts, report, decision, export, manifest, tags)
+        version = stages.track(config, run_id, params, artifacts, report, decision, manifest, tags, logged, validation)
 
     logger.info(
         "pipeline %r done: %s | blessed: %s | MLflow run %s%s",
@@ -286,6 +296,7 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
         restarts=[r.describe() for r in train_result.restarts],
         blessed=decision.blessed,
         gate=decision,
+        model_validated=validation.passed if validation else None,
         champion_metrics=champion_report.metrics if champion_report else {},
         stopped_early=train_result.stopped_early,
         stopped_at_step=train_result.stopped_at_step,

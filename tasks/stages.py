@@ -31,6 +31,8 @@ from pipeline_lib.evaluation.gate import apply_gate
 from pipeline_lib.evaluation.report import EvalReport, GateDecision
 from pipeline_lib.launch import launchers as launcher
 from pipeline_lib.planning import sharding
+from pipeline_lib.serving import rows
+from pipeline_lib.serving import validation as model_check
 from pipeline_lib.tracking import baseline as data_baseline
 from pipeline_lib.tracking import lineage, model_logging, registry
 from pipeline_lib.tracking import run as tracking
@@ -183,12 +185,48 @@ def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, plots_
     return report
 
 
+@task(name="log_model", **transient_retries())
+def log_model(config: PipelineConfig, run_id: str, export: consolidation.ExportResult, manifest: Manifest,
+              metrics: dict[str, float]) -> model_logging.LoggedModel:
+    """The export logged to the run as an MLflow model (not registered: `track` registers it if it may), with the
+    evaluation's metrics linked to it."""
+    logged = model_logging.log_model(run_id, config.mlflow_uri, export.saved_model_dir, export.keras_path, manifest,
+                                     storage_options=config.storage_options, metrics=metrics,
+                                     metric_prefix=tracking.FINAL_METRIC_PREFIX)
+    get_run_logger().info("model logged to MLflow run %s as %s", run_id, logged.model_uri)
+    return logged
+
+
+@task(name="validate_model", **transient_retries())
+def validate_model(config: PipelineConfig, manifest: Manifest, export: consolidation.ExportResult,
+                   logged: model_logging.LoggedModel | None, run_id: str | None) -> model_check.ModelValidation:
+    """The model check before registration (`serving.validation`); its result on the run (`tfdag.model_validated`)
+    and as the artifact `<pipeline>-model-validation`. A failed check is a result, not an error: only a storage or
+    server outage while reading the rows or the export is retried."""
+    why = ("tracking is disabled" if not config.tracking.enabled
+           else "no tracking.registered_model: the model is not logged as an MLflow model")
+    sample = rows.raw_rows(manifest, model_check.DEFAULT_NUM_ROWS, storage_options=config.storage_options)
+    result = model_check.validate_model(
+        export.saved_model_dir, export.keras_path, logged.model_uri if logged else None,
+        config.mlflow_uri if logged else None, sample, manifest.feature_schema, config.model.task,
+        storage_options=config.storage_options, pyfunc_skipped_because=None if logged else why)
+    logger = get_run_logger()
+    (logger.info if result.passed else logger.warning)("model check: %s", result.reason)
+    if run_id:
+        tracking.record_model_validation(run_id, config.mlflow_uri, result)
+    verdict = "passed" if result.passed else "failed"
+    create_markdown_artifact(result.to_markdown(), key=_key(f"{config.name}-model-validation"),
+                             description=f"Model check before registration: {verdict}")
+    return result
+
+
 @task(name="gate")
 def gate(config: PipelineConfig, report: EvalReport, champion_report: EvalReport | None,
-         champion_version: int | None) -> GateDecision:
-    """`evaluation.gate`: the threshold, then the margin over the champion on the same eval split."""
+         champion_version: int | None, validation: model_check.ModelValidation | None = None) -> GateDecision:
+    """`evaluation.gate`: the threshold, then the margin over the champion on the same eval split; a model that
+    failed the model check is not blessed."""
     decision = apply_gate(report, config.evaluation.gate, config.evaluation.effective_min_improvement,
-                          champion=champion_report, champion_version=champion_version)
+                          champion=champion_report, champion_version=champion_version, validation=validation)
     logger = get_run_logger()
     if decision.blessed:
         logger.info("blessed: %s", decision.reason)
@@ -202,10 +240,11 @@ def gate(config: PipelineConfig, report: EvalReport, champion_report: EvalReport
 
 @task(name="track", **transient_retries())
 def track(config: PipelineConfig, run_id: str, params: dict[str, Any], artifacts: dict[str, str | bytes],
-          eval_report: EvalReport, decision: GateDecision, export: consolidation.ExportResult, manifest: Manifest,
-          tags: dict[str, str]) -> model_logging.ModelVersionInfo | None:
-    """Params, metrics, artifacts and the blessing on the run; the model is registered only as
-    `tracking.register` says (`registry.registers`)."""
+          eval_report: EvalReport, decision: GateDecision, manifest: Manifest, tags: dict[str, str],
+          logged: model_logging.LoggedModel | None = None,
+          validation: model_check.ModelValidation | None = None) -> model_logging.ModelVersionInfo | None:
+    """Params, metrics, artifacts and the blessing on the run; the logged model is registered only as
+    `tracking.register` says, and never after a failed model check (`registry.registers`)."""
     uri = config.mlflow_uri
     logger = get_run_logger()
     tracking.log_params(run_id, uri, params)
@@ -215,22 +254,17 @@ def track(config: PipelineConfig, run_id: str, params: dict[str, Any], artifacts
     tracking.record_blessing(run_id, uri, decision)
     version = None
     name = config.tracking.registered_model
-    if not name:
+    if logged is None:  # no model logged: the final metrics go to the run alone
         tracking.log_final_metrics(run_id, uri, eval_report.metrics)
+    elif not registry.registers(config.tracking.register_policy, decision, validation):
+        why = "the model check failed" if validation is not None and not validation.passed else "not blessed"
+        logger.info("model logged to MLflow run %s, not registered as %s: %s", run_id, name, why)
     else:
-        register_as = name if registry.registers(config.tracking.register_policy, decision) else None
-        # The exported model's metrics, linked to the logged model (and so to its registered version).
-        version = model_logging.log_and_register_model(
-            run_id, uri, export.saved_model_dir, export.keras_path, register_as, manifest, tags=tags,
-            storage_options=config.storage_options, metrics=eval_report.metrics,
-            metric_prefix=tracking.FINAL_METRIC_PREFIX,
-        )
-        if version is None:
-            logger.info("model logged to MLflow run %s, not registered as %s: not blessed", run_id, name)
-        else:
-            registry.record_decision(uri, name, version.version, decision, alias=None)
-            logger.info("registered %s version %s (blessed=%s)", version.name, version.version,
-                        str(decision.blessed).lower())
+        assert name is not None  # a model is logged only for a registered_model
+        version = model_logging.register_model(uri, logged, name, tags=tags)
+        registry.record_decision(uri, name, version.version, decision, alias=None)
+        logger.info("registered %s version %s (blessed=%s)", version.name, version.version,
+                    str(decision.blessed).lower())
     ui = tracking.run_ui_url(uri, run_id)
     if ui:
         create_link_artifact(ui, link_text="MLflow run", key=_key(f"{config.name}-mlflow-run"))

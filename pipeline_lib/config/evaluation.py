@@ -46,6 +46,9 @@ class EvaluationConfig(_Frozen):
     slices: tuple[SliceSpec, ...] = ()
     # Retrain-only convenience: the gate's margin, also accepted at this level.
     min_improvement: float | None = Field(None, ge=0.0)
+    # The model check before registration (`serving.validation`): the export loaded in a fresh process through the
+    # public loaders must predict what the trained model does; a model that fails it is not blessed.
+    validate_model: bool = True
 
     @field_validator("metrics")
     @classmethod

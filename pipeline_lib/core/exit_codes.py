@@ -11,7 +11,7 @@ from pipeline_lib.core.errors import is_user_error
 EXIT_OK = 0
 EXIT_FAILURE = 1  # failed for a reason other than the input (a worker crashed, a server went away, a bug)
 EXIT_BAD_INPUT = 2  # the input is wrong: one line names the value and the fix
-EXIT_NOT_BLESSED = 3  # trained, not blessed: the evaluation gate refused the model, which was not registered
+EXIT_NOT_BLESSED = 3  # trained, not blessed (the evaluation gate or the model check refused it), not registered
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 VERBOSE_HINT = " (run with -v for the traceback)"

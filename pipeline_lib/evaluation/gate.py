@@ -6,6 +6,7 @@ import math
 
 from pipeline_lib.config import Direction, GateConfig, metric_direction
 from pipeline_lib.evaluation.report import EvalReport, EvaluationError, GateDecision
+from pipeline_lib.serving.validation import ModelValidation
 
 # Keeps 0.95 - 0.90 (0.04999…) a win by a 0.05 margin.
 _TOLERANCE = 1e-9
@@ -81,13 +82,29 @@ def decide(value: float | None, gate: GateConfig, min_improvement: float = 0.0, 
     return verdict(better, ("beats the champion: " if better else "does not beat the champion: ") + comparison)
 
 
+def with_model_check(decision: GateDecision, validation: ModelValidation | None) -> GateDecision:
+    """The decision, not blessed when the model check before registration failed (its reason first: the loader,
+    the error and the fix); unchanged when the check passed or did not run."""
+    if validation is None or validation.passed:
+        return decision
+    return decision.model_copy(update={"blessed": False,
+                                       "reason": f"{validation.reason}; the evaluation gate: {decision.reason}"})
+
+
 def apply_gate(report: EvalReport, gate: GateConfig, min_improvement: float = 0.0, *,
-               champion: EvalReport | None = None, champion_version: int | None = None) -> GateDecision:
-    """`decide` on a report, and on the champion's report of the same eval split when there is a champion.
+               champion: EvalReport | None = None, champion_version: int | None = None,
+               validation: ModelValidation | None = None) -> GateDecision:
+    """`decide` on a report, and on the champion's report of the same eval split when there is a champion; then
+    `evaluation.gate.slice_threshold` on the slices, and the model check (`with_model_check`) when it ran.
 
     Raises:
         EvaluationError: when a threshold or a champion needs `gate.metric` and the report does not have it.
     """
+    return with_model_check(_gate_report(report, gate, min_improvement, champion, champion_version), validation)
+
+
+def _gate_report(report: EvalReport, gate: GateConfig, min_improvement: float, champion: EvalReport | None,
+                 champion_version: int | None) -> GateDecision:
     value = report.metrics.get(gate.metric)
     if value is None and (gate.threshold is not None or champion is not None):
         raise EvaluationError(

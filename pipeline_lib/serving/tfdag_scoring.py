@@ -119,6 +119,45 @@ def _string_column(values: pd.Series, shape: Sequence[int]) -> np.ndarray:
     return np.asarray([text(c) for c in cells], dtype=object)
 
 
+def convert(columns: Sequence[Mapping[str, Any]], frame: pd.DataFrame,
+            offset: int = 0) -> tuple[dict[str, np.ndarray], dict[int, RawRowError]]:
+    """The serving signature's inputs for these rows, by column name (`columns` from `tfdag_serving.json`; others
+    ignored), without stopping at a bad value: a bad value becomes NaN and, for each row with one, the first
+    problem of that row by its position in `frame`.
+
+    Raises:
+        RawRowError: a column the model takes is absent.
+    """
+    absent = [c["name"] for c in columns if c["name"] not in frame.columns]
+    if absent:
+        raise RawRowError(f"the input has no column {', '.join(map(repr, absent))}; the model takes columns "
+                          f"{[c['name'] for c in columns]} (others are ignored)")
+    tensors: dict[str, np.ndarray] = {}
+    problems: dict[int, RawRowError] = {}
+    for column in columns:
+        name, shape = column["name"], column["shape"]
+        values = frame[name]
+        if column["dtype"] == "string":
+            tensors[name] = _string_column(values, shape)
+        else:
+            tensors[name], found = _number_column(name, values, shape, offset)
+            for position, problem in found.items():
+                problems.setdefault(position, problem)
+    return tensors, problems
+
+
+def to_tensors(columns: Sequence[Mapping[str, Any]], frame: pd.DataFrame, offset: int = 0) -> dict[str, np.ndarray]:
+    """`convert`, raising the first bad row's problem.
+
+    Raises:
+        RawRowError: a column the model takes is absent, or a value does not convert (the first such row).
+    """
+    tensors, problems = convert(columns, frame, offset)
+    if problems:
+        raise problems[min(problems)]
+    return tensors
+
+
 class Scorer:
     """A SavedModel exported by tfdag, called on raw rows.
 
@@ -152,10 +191,7 @@ class Scorer:
         Raises:
             RawRowError: a column the model takes is absent, or a value does not convert (the first such row).
         """
-        tensors, problems = self.convert(frame, offset)
-        if problems:
-            raise problems[min(problems)]
-        return tensors
+        return to_tensors(self.columns, frame, offset)
 
     def convert(self, frame: pd.DataFrame, offset: int = 0) -> tuple[dict[str, np.ndarray], dict[int, RawRowError]]:
         """`to_tensors` without stopping at a bad value: the inputs for every row (a bad value NaN) and, for each
@@ -164,22 +200,7 @@ class Scorer:
         Raises:
             RawRowError: a column the model takes is absent.
         """
-        absent = [c["name"] for c in self.columns if c["name"] not in frame.columns]
-        if absent:
-            raise RawRowError(f"the input has no column {', '.join(map(repr, absent))}; the model takes columns "
-                              f"{[c['name'] for c in self.columns]} (others are ignored)")
-        tensors: dict[str, np.ndarray] = {}
-        problems: dict[int, RawRowError] = {}
-        for column in self.columns:
-            name, shape = column["name"], column["shape"]
-            values = frame[name]
-            if column["dtype"] == "string":
-                tensors[name] = _string_column(values, shape)
-            else:
-                tensors[name], found = _number_column(name, values, shape, offset)
-                for position, problem in found.items():
-                    problems.setdefault(position, problem)
-        return tensors, problems
+        return convert(self.columns, frame, offset)
 
     def predict_tensors(self, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The serving signature's outputs (`prediction`, and `probabilities` for classification)."""

@@ -21,6 +21,7 @@ from pipeline_lib.core import storage
 from pipeline_lib.core.errors import TfdagError
 from pipeline_lib.data.manifest import SourceFingerprint
 from pipeline_lib.evaluation.report import GateDecision
+from pipeline_lib.serving.validation import ModelValidation
 from pipeline_lib.tracking.client import create_client
 from pipeline_lib.tracking.run import BLESSED_RUN_TAG
 
@@ -63,9 +64,12 @@ class VersionInfo(BaseModel):
         return None if value is None else value.lower() == "true"
 
 
-def registers(policy: RegisterPolicy, decision: GateDecision) -> bool:
+def registers(policy: RegisterPolicy, decision: GateDecision, validation: ModelValidation | None = None) -> bool:
     """Whether `tracking.register` puts this model in the registry: a blessed one always, another only with
-    `always` (tagged blessed=false, without an alias)."""
+    `always` (tagged blessed=false, without an alias); a model that failed the model check before registration
+    (`serving.validation`) never: it does not load, or does not predict what was evaluated."""
+    if validation is not None and not validation.passed:
+        return False
     return decision.blessed or policy == RegisterPolicy.ALWAYS
 
 

@@ -19,6 +19,7 @@ from pipeline_lib.core.errors import UserError
 from pipeline_lib.core.secrets import is_secret_name, mask_url_passwords
 from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.evaluation.slicing import SliceResult
+from pipeline_lib.serving.validation import ModelValidation
 from pipeline_lib.tracking import lineage
 from pipeline_lib.tracking.client import (
     MAX_TAG_VALUE,
@@ -35,6 +36,11 @@ FAILED_STAGE_TAG = "tfdag.failed_stage"
 # The gate's decision on the run's model: "true" or "false", and why.
 BLESSED_RUN_TAG = "tfdag.blessed"
 GATE_REASON_RUN_TAG = "tfdag.gate_reason"
+# The model check before registration (serving.validation): "true" or "false", and its reason; the per-loader
+# detail is the artifact MODEL_VALIDATION_ARTIFACT (and its .md beside it).
+MODEL_VALIDATED_RUN_TAG = "tfdag.model_validated"
+MODEL_VALIDATION_REASON_RUN_TAG = "tfdag.model_validation"
+MODEL_VALIDATION_ARTIFACT = "evaluation/model_validation.json"
 RESTART_TAG_PREFIX = "tfdag.restart."  # one tag per restart: its cause and the step it resumed from
 # MLflow's own limits (mlflow.utils.validation).
 _MAX_PARAMS_PER_BATCH = 100
@@ -200,6 +206,16 @@ def record_blessing(run_id: str, tracking_uri: str, decision: GateDecision) -> N
     client = create_client(tracking_uri)
     client.set_tag(run_id, BLESSED_RUN_TAG, "true" if decision.blessed else "false")
     client.set_tag(run_id, GATE_REASON_RUN_TAG, decision.reason[:MAX_TAG_VALUE])
+
+
+def record_model_validation(run_id: str, tracking_uri: str, validation: ModelValidation) -> None:
+    """Tag the run `tfdag.model_validated` (true/false) with the check's reason, and log each loader's check as
+    `evaluation/model_validation.json` and `.md`."""
+    client = create_client(tracking_uri)
+    client.set_tag(run_id, MODEL_VALIDATED_RUN_TAG, "true" if validation.passed else "false")
+    client.set_tag(run_id, MODEL_VALIDATION_REASON_RUN_TAG, validation.reason[:MAX_TAG_VALUE])
+    log_artifacts(run_id, tracking_uri, {MODEL_VALIDATION_ARTIFACT: validation.model_dump_json(indent=2),
+                                         MODEL_VALIDATION_ARTIFACT.replace(".json", ".md"): validation.to_markdown()})
 
 
 def record_restart(run_id: str, tracking_uri: str, attempt: int, cause: str) -> None:

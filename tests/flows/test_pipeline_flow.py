@@ -86,6 +86,12 @@ def test_training_pipeline_end_to_end(digits_run, tmp_path):
     # A passing gate registers as before, tagged blessed; the training pipeline itself moves no alias.
     assert run.data.tags["tfdag.blessed"] == "true" and version.tags["blessed"] == "true"
     assert not version.aliases
+    # The model check before registration passed on both loaders, in a fresh process without tfdag.
+    assert summary.model_validated is True and run.data.tags["tfdag.model_validated"] == "true"
+    checked = json.loads(Path(client.download_artifacts(run.info.run_id, "evaluation/model_validation.json",
+                                                        str(tmp_path / "v"))).read_text())
+    assert [c["loader"] for c in checked["checks"]] == ["tf.saved_model.load", "mlflow.pyfunc.load_model"]
+    assert all(c["passed"] and c["max_abs_diff"] <= 1e-5 for c in checked["checks"]) and checked["rows"] == 64
 
     # The exported model reloads and gives the registered model's predictions.
     import keras
@@ -148,6 +154,8 @@ def test_training_pipeline_end_to_end(digits_run, tmp_path):
     with get_client(sync_client=True) as prefect:
         flow_run_artifacts = prefect.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[run.data.tags["prefect_flow_run_id"]])))
+    [model_check] = [a for a in flow_run_artifacts if a.key == "digits-flow-test-model-validation"]
+    assert model_check.data.startswith("# Model check: passed")
     [progress] = [a for a in flow_run_artifacts if a.key == "digits-flow-test-training-progress"]
     assert progress.type == "progress" and float(progress.data) == 100.0
     assert f"done at step {summary.final_step} of {summary.final_step}" in progress.description
@@ -218,6 +226,52 @@ def test_register_always_registers_a_refused_model_tagged_blessed_false_without_
     assert version.tags["blessed"] == "false" and "threshold" in version.tags["tfdag.decision_reason"]
     assert not version.aliases and not client.get_registered_model("digits-register-always").aliases
     assert client.get_run(summary.mlflow_run_id).info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_a_model_whose_export_does_not_load_is_not_blessed_nor_registered_even_with_register_always(
+        tmp_path, prefect_api, monkeypatch):
+    """The SavedModel broken after the model was logged (TFDAG_EXPORT_FAULT, pipeline_lib.testing.export_faults):
+    metrics that bless, a check that fails. One 1-epoch flow run, in process: the CLI's exit 3 follows
+    `summary.blessed` (cmd_run), as the unreachable-threshold test above shows through `tfdag run`."""
+    from mlflow.tracking import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows import console
+    from flows.pipeline import NOT_BLESSED_STATE, final_state, training_pipeline
+
+    monkeypatch.setenv("TFDAG_EXPORT_FAULT", "corrupt_variables")
+    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=1)
+    data["name"] = data["tracking"]["registered_model"] = "digits-broken-export"
+    data["tracking"]["register"] = "always"
+    config = parse_config(data)
+    summary = training_pipeline(config)
+
+    assert not summary.blessed and summary.model_version is None and summary.model_validated is False
+    reason = summary.gate.reason
+    assert reason.startswith("the model check failed: tf.saved_model.load(") and "without tfdag: " in reason
+    assert "fix: the SavedModel must load with TensorFlow alone" in reason
+    assert "; the evaluation gate: accuracy " in reason and "no champion yet" in reason  # the metrics alone bless
+    assert final_state(summary).name == NOT_BLESSED_STATE
+    assert "tfdag | not registered (the model check failed)" in console.summary_event(summary).lines
+
+    client = MlflowClient(tracking_uri=config.mlflow_uri, registry_uri=config.mlflow_uri)
+    assert client.search_model_versions("name = 'digits-broken-export'") == []
+    run = client.get_run(summary.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["tfdag.model_validated"] == "false" and run.data.tags["tfdag.blessed"] == "false"
+    assert run.data.tags["tfdag.model_validation"].startswith("the model check failed: tf.saved_model.load(")
+    detail = json.loads(Path(client.download_artifacts(run.info.run_id, "evaluation/model_validation.json",
+                                                       str(tmp_path / "v"))).read_text())
+    checks = {c["loader"]: c for c in detail["checks"]}
+    # The logged model is a copy taken before the fault: its loader passes; the broken SavedModel's does not.
+    assert not checks["tf.saved_model.load"]["passed"] and checks["tf.saved_model.load"]["traceback"]
+    assert checks["mlflow.pyfunc.load_model"]["passed"]
+    with get_client(sync_client=True) as prefect:
+        [artifact] = prefect.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["digits-broken-export-model-validation"])))
+    assert artifact.data.startswith("# Model check: FAILED") and "`tf.saved_model.load`" in artifact.data
 
 
 def test_cli_rejects_bad_config_before_anything_runs(tmp_path):

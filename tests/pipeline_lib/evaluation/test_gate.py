@@ -97,3 +97,25 @@ def test_apply_gate_compares_with_the_champions_report_of_the_same_split():
     regression = EvalReport(task="regression", metrics={"mae": 0.1}, num_examples=3)
     with pytest.raises(EvaluationError, match="is not among"):
         gate.apply_gate(regression, MAX_ACC, champion=regression, champion_version=1)
+
+
+def _model_check(passed: bool):
+    from pipeline_lib.serving.validation import LoaderCheck, ModelValidation
+
+    check = LoaderCheck(loader="tf.saved_model.load", uri="export/saved_model", passed=passed,
+                        max_abs_diff=0.0 if passed else None, error=None if passed else "OSError: truncated",
+                        fix=None if passed else "re-export it")
+    reason = "passed" if passed else f"the model check failed: {check.describe()}"
+    return ModelValidation(passed=passed, reason=reason, checks=(check,), rows=8, rows_with_missing=2,
+                           tolerance=1e-5, max_abs_diff=check.max_abs_diff, seconds=1.0)
+
+
+def test_a_failed_model_check_refuses_a_model_the_metrics_bless_and_leads_the_reason():
+    report = EvalReport(task="classification", metrics={"accuracy": 0.95}, num_examples=3)
+    config = GateConfig(metric="accuracy", threshold=0.9)
+    assert gate.apply_gate(report, config, validation=_model_check(True)) == gate.apply_gate(report, config)
+    refused = gate.apply_gate(report, config, validation=_model_check(False))
+    assert not refused.blessed and refused.value == 0.95 and refused.threshold == 0.9
+    assert refused.reason.startswith("the model check failed: tf.saved_model.load('export/saved_model') in a fresh "
+                                     "process without tfdag: OSError: truncated; fix: re-export it; the evaluation "
+                                     "gate: accuracy 0.9500 reaches ≥ 0.9")

@@ -59,6 +59,15 @@ def test_only_a_blessed_model_is_registered_unless_register_is_always():
     assert registry.registers(RegisterPolicy.ALWAYS, refused)
 
 
+def test_a_model_that_failed_the_model_check_is_never_registered():
+    from tests.pipeline_lib.evaluation.test_gate import _model_check
+
+    blessed = decide(0.9, MAX_ACC)
+    assert registry.registers(RegisterPolicy.BLESSED, blessed, _model_check(True))
+    assert not registry.registers(RegisterPolicy.BLESSED, blessed, _model_check(False))
+    assert not registry.registers(RegisterPolicy.ALWAYS, blessed, _model_check(False))
+
+
 # --- config overrides -----------------------------------------------------------------------------------------
 
 def _config(**tracking):

@@ -1,0 +1,84 @@
+"""The model check's other side: load an exported model through the public loaders only, in a fresh interpreter.
+
+`serving.validation` runs this file as a script (`python -I fresh_load.py REQUEST.json`, from an empty working
+directory): it imports only numpy, pandas, TensorFlow and MLflow, and refuses any import of tfdag's own packages,
+so a model that needs tfdag to load or predict fails here. It writes one JSON result per loader: the predictions,
+or the error with its traceback's tail.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import json
+import pickle
+import sys
+import traceback
+from typing import Any
+
+# tfdag's top-level packages: the editable install puts them on every interpreter's path, hence the finder.
+TFDAG_PACKAGES = ("pipeline_lib", "tasks", "flows")
+SAVED_MODEL_LOADER = "tf.saved_model.load"
+PYFUNC_LOADER = "mlflow.pyfunc.load_model"
+
+
+class WithoutTfdag(importlib.abc.MetaPathFinder):
+    """Refuses tfdag's packages: what a machine without tfdag installed would answer."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        """Raises for tfdag's packages; None (the next finder decides) for every other module."""
+        if name.partition(".")[0] in TFDAG_PACKAGES:
+            raise ModuleNotFoundError(f"No module named {name!r} (the model check loads the model without tfdag)",
+                                      name=name)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode()
+    return value.item() if hasattr(value, "item") else value
+
+
+def _saved_model(saved_model_dir: str, tensors: dict[str, Any]) -> dict[str, Any]:
+    import tensorflow as tf
+
+    signature = tf.saved_model.load(saved_model_dir).signatures["serving_default"]
+    outputs = signature(**{name: tf.constant(value) for name, value in tensors.items()})
+    result: dict[str, Any] = {"prediction": [_plain(v) for v in outputs["prediction"].numpy().reshape(-1)]}
+    if "probabilities" in outputs:
+        result["probabilities"] = outputs["probabilities"].numpy().astype(float).tolist()
+    return result
+
+
+def _pyfunc(model_uri: str, frame: Any, probability_columns: list[str]) -> dict[str, Any]:
+    import mlflow  # `models:/` URIs resolve through MLFLOW_TRACKING_URI, set by the caller
+
+    predicted = mlflow.pyfunc.load_model(model_uri).predict(frame)
+    result: dict[str, Any] = {"prediction": [_plain(v) for v in predicted["prediction"].to_numpy()]}
+    if probability_columns:
+        result["probabilities"] = predicted[probability_columns].to_numpy(dtype=float).tolist()
+    return result
+
+
+def _attempt(fn, *args) -> dict[str, Any]:
+    try:
+        return {"ok": True, **fn(*args)}
+    except BaseException as error:  # noqa: BLE001 - every failure is the check's finding
+        lines = traceback.format_exception(error)
+        return {"ok": False, "error": f"{type(error).__name__}: {error}", "traceback": "".join(lines)[-4000:]}
+
+
+def main(request_path: str) -> None:
+    sys.meta_path.insert(0, WithoutTfdag())
+    with open(request_path) as handle:
+        request = json.load(handle)
+    with open(request["inputs_path"], "rb") as handle:
+        inputs = pickle.load(handle)
+    results = {SAVED_MODEL_LOADER: _attempt(_saved_model, request["saved_model_dir"], inputs["tensors"])}
+    if request.get("model_uri"):
+        results[PYFUNC_LOADER] = _attempt(_pyfunc, request["model_uri"], inputs["frame"],
+                                          request["probability_columns"])
+    with open(request["output_path"], "w") as handle:
+        json.dump(results, handle)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,107 @@
+"""The model check before registration on a trained wine model (a string column, a string label, missing cells):
+the export passes through both public loaders in a fresh process; a broken one fails naming the loader and the fix.
+
+Each `validate_model` call starts one fresh interpreter that imports TensorFlow and MLflow (~10 s on 2 busy cores):
+two calls in this file, one per verdict."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import mlflow
+import numpy as np
+import pytest
+
+from pipeline_lib.config import Task, parse_config
+from pipeline_lib.data.convert import convert
+from pipeline_lib.evaluation import consolidation
+from pipeline_lib.planning import sharding
+from pipeline_lib.serving import rows, validation
+from pipeline_lib.serving.validation import PYFUNC_LOADER, SAVED_MODEL_LOADER
+from pipeline_lib.testing.export_faults import break_export
+from pipeline_lib.tracking import model_logging
+from pipeline_lib.tracking import run as tracking
+from pipeline_lib.tracking.client import global_tracking_uri
+from pipeline_lib.training import loop as training
+from tests.pipeline_lib.data.wine_support import write_wine_csv
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory):
+    """The wine table trained 20 steps, exported, logged to a sqlite store; 64 eval rows."""
+    root = tmp_path_factory.mktemp("wine_check")
+    config = parse_config({"name": "wine", "data": {"source": write_wine_csv(root / "wine.csv", missing_rate=0.1),
+                                                    "label": "cultivar"},
+                           "output_root": str(root / "out"), "tracking": {"experiment": "wine-check"},
+                           "preflight": {"enabled": False}})
+    manifest = convert(config.data, config.output_root)
+    result = training.train(config, manifest, sharding.plan_for_train(manifest, config.train, 1), str(root / "run"))
+    export = consolidation.consolidate(config, manifest, result, str(root / "run" / "export"))
+    run_id = tracking.start_run(config, "check")
+    logged = model_logging.log_model(run_id, config.mlflow_uri, export.saved_model_dir, export.keras_path, manifest)
+    sample = rows.raw_rows(manifest, validation.DEFAULT_NUM_ROWS)
+    return config, manifest, export, logged, sample
+
+
+def test_the_export_loads_without_tfdag_in_a_fresh_process_and_predicts_like_the_trained_model(checked):
+    config, manifest, export, logged, sample = checked
+
+    result = validation.validate_model(export.saved_model_dir, export.keras_path, logged.model_uri, config.mlflow_uri,
+                                       sample, manifest.feature_schema, Task.CLASSIFICATION)
+
+    assert result.passed, result.reason
+    assert [c.loader for c in result.checks] == [SAVED_MODEL_LOADER, PYFUNC_LOADER] and result.skipped == ()
+    assert all(c.passed and c.max_abs_diff <= 1e-5 and c.labels_differ == 0 for c in result.checks)
+    assert result.rows == len(sample) == manifest.num_records("eval") and result.rows_with_missing > 0  # with missing cells
+    assert f"reproduce the trained model on {len(sample)} eval rows" in result.reason
+    assert "| `mlflow.pyfunc.load_model` |" in result.to_markdown()
+
+
+def test_a_broken_export_and_a_logged_model_without_its_code_fail_naming_each_loader_and_the_fix(checked, tmp_path):
+    config, manifest, export, logged, sample = checked
+    saved = str(tmp_path / "saved_model")
+    shutil.copytree(export.saved_model_dir, saved)
+    break_export(saved, "corrupt_variables")
+    # The logged model without the scoring module it ships: its loader falls back to tfdag, which is not there.
+    with global_tracking_uri(config.mlflow_uri):
+        pyfunc = mlflow.artifacts.download_artifacts(logged.model_uri, dst_path=str(tmp_path / "pyfunc"))
+    os.remove(os.path.join(pyfunc, "code", "tfdag_scoring.py"))
+
+    result = validation.validate_model(saved, export.keras_path, pyfunc, None, sample.head(8),
+                                       manifest.feature_schema, Task.CLASSIFICATION)
+
+    assert not result.passed
+    saved_check, pyfunc_check = result.checks
+    assert not saved_check.passed and saved_check.uri == saved and "re-export" in saved_check.fix
+    assert not pyfunc_check.passed and "pipeline_lib" in pyfunc_check.error and "code_paths" in pyfunc_check.fix
+    assert result.reason.startswith("the model check failed: tf.saved_model.load(")
+    assert "mlflow.pyfunc.load_model(" in result.reason and "fix: " in result.reason
+
+
+def test_a_fresh_process_past_its_timeout_fails_the_check_and_a_model_not_logged_skips_the_mlflow_loader(checked):
+    _config, manifest, export, _logged, sample = checked
+
+    result = validation.validate_model(export.saved_model_dir, export.keras_path, None, None, sample.head(4),
+                                       manifest.feature_schema, Task.CLASSIFICATION, timeout_s=0.01,
+                                       pyfunc_skipped_because="tracking is disabled")
+
+    assert not result.passed and [c.loader for c in result.checks] == [SAVED_MODEL_LOADER]
+    assert result.skipped == ("mlflow.pyfunc.load_model: tracking is disabled",)
+    assert "the fresh process ran past 0.01 s; fix: the SavedModel must load with TensorFlow alone" in result.reason
+    assert "| `mlflow.pyfunc.load_model` | — | skipped: tracking is disabled |" in result.to_markdown()
+
+
+def test_a_difference_beyond_the_tolerance_or_a_decided_label_fails_and_a_tie_does_not():
+    reference = {"probabilities": np.array([[0.7, 0.3], [0.5, 0.5]]), "prediction": np.array(["a", "a"], object)}
+    same = {"probabilities": [[0.7, 0.3], [0.5, 0.5]], "prediction": ["a", "b"]}  # row 2: a tie, either label
+    assert validation.compare(reference, same, 1e-5) == (0.0, 0)
+    off = {"probabilities": [[0.7001, 0.2999], [0.5, 0.5]], "prediction": ["b", "a"]}
+    max_diff, labels = validation.compare(reference, off, 1e-5)
+    assert max_diff == pytest.approx(1e-4) and labels == 1
+    check = validation._loader_check(SAVED_MODEL_LOADER, "dir", {"ok": True, **off}, reference, 1e-5)
+    assert not check.passed and "differ from the trained model's by up to 0.0001" in check.error
+    assert "label differs on 1 row(s)" in check.error and "raw_to_model_inputs" in check.fix
+    regression = {"prediction": np.array([1.0, np.nan])}
+    assert validation.compare(regression, {"prediction": [1.0, float("nan")]}, 1e-5) == (0.0, 0)
+    assert validation.compare(regression, {"prediction": [1.0, 2.0]}, 1e-5)[0] == float("inf")
