@@ -192,10 +192,15 @@ def summary_event(summary: PipelineSummary) -> RunSummary:
     lines = ["", f"tfdag | {summary.pipeline} | {metrics}",
              f"tfdag | MLflow run {summary.mlflow_run_id} in experiment {summary.experiment!r} ({summary.mlflow_uri})"]
     final_step = str(summary.final_step) + (f" (stopped early: {summary.stop_reason})" if summary.stopped_early else "")
-    rows = [("metrics", metrics), ("final step", final_step),
-            ("training", f"{summary.strategy}, {summary.num_workers} worker(s), {summary.num_replicas} replica(s)"),
-            ("restarts", "; ".join(summary.restarts) or "none"),
-            ("MLflow run", f"{summary.mlflow_run_id} in {summary.experiment!r} ({summary.mlflow_uri})")]
+    rows = [("metrics", metrics)]
+    if summary.baseline_model:
+        trivial = ", ".join(f"{k}: {v:.4f}" for k, v in summary.baseline_metrics.items())
+        lines.insert(2, f"tfdag | trivial model ({summary.baseline_model}) | {trivial}")
+        rows.append(("trivial model", f"{trivial} ({summary.baseline_model})"))
+    rows += [("final step", final_step),
+             ("training", f"{summary.strategy}, {summary.num_workers} worker(s), {summary.num_replicas} replica(s)"),
+             ("restarts", "; ".join(summary.restarts) or "none"),
+             ("MLflow run", f"{summary.mlflow_run_id} in {summary.experiment!r} ({summary.mlflow_uri})")]
     if summary.mlflow_uri.startswith("sqlite:///"):
         ui = f"mlflow ui --backend-store-uri {summary.mlflow_uri} --host 127.0.0.1 --port 5000"
         lines.append(f"tfdag | open the MLflow UI: {ui}")

@@ -81,6 +81,8 @@ class PipelineSummary(BaseModel):
     stopped_at_step: int | None = None
     best_step: int | None = None
     stop_reason: str = ""
+    baseline_metrics: dict[str, float] = {}  # the trivial predictor on the same eval split (`evaluation.trivial`)
+    baseline_model: str | None = None  # what it predicts: `train mean 152.1`, `majority class 3 ...`
 
 
 class _Progress:
@@ -302,6 +304,8 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
         stopped_at_step=train_result.stopped_at_step,
         best_step=train_result.best_step,
         stop_reason=train_result.stop_reason,
+        baseline_metrics=report.baseline,
+        baseline_model=report.baseline_model,
     )
 
 

@@ -175,13 +175,18 @@ def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, plots_
     report = evaluation.evaluate(config, manifest, model_path, plots_dir=plots_dir)
     create_markdown_artifact(report.to_markdown(), key=_key(f"{config.name}-evaluation"),
                              description="Evaluation on the eval split")
-    create_table_artifact([{"metric": k, "value": round(v, 6)} for k, v in report.metrics.items()],
+    create_table_artifact([{"metric": k, "value": round(v, 6),
+                            **({"trivial model": round(report.baseline[k], 6)} if k in report.baseline else {})}
+                           for k, v in report.metrics.items()],
                           key=_key(f"{config.name}-evaluation-table"), description="Evaluation metrics")
     if report.slices:
         create_table_artifact([{"slice": r.key, "examples": r.num_examples,
                                 **{k: round(v, 6) for k, v in r.metrics.items()}} for r in report.slices],
                               key=_key(f"{config.name}-evaluation-slices"), description="Metrics per slice")
     get_run_logger().info("evaluation: %s", json.dumps({k: round(v, 4) for k, v in report.metrics.items()}))
+    if report.baseline_model:
+        get_run_logger().info("trivial model (%s): %s", report.baseline_model,
+                              json.dumps({k: round(v, 4) for k, v in report.baseline.items()}))
     return report
 
 
@@ -249,6 +254,7 @@ def track(config: PipelineConfig, run_id: str, params: dict[str, Any], artifacts
     logger = get_run_logger()
     tracking.log_params(run_id, uri, params)
     tracking.log_slice_metrics(run_id, uri, eval_report.slices)
+    tracking.log_final_metrics(run_id, uri, eval_report.baseline, prefix=tracking.BASELINE_METRIC_PREFIX)
     lineage.log_datasets(run_id, uri, manifest, config.name)
     tracking.log_artifacts(run_id, uri, artifacts)
     tracking.record_blessing(run_id, uri, decision)

@@ -9,7 +9,6 @@ from pipeline_lib.config import (
     CHECKPOINT_EVAL_METRICS,
     Direction,
     PipelineConfig,
-    Task,
     metric_direction,
 )
 
@@ -17,19 +16,14 @@ from pipeline_lib.config import (
 def selection_metric(config: PipelineConfig) -> tuple[str, Direction]:
     """The checkpoint-manifest metric that `evaluation.select: best` ranks by, and its direction.
 
-    `evaluation.gate.metric` maps to the metric the training loop records (`accuracy` → `eval_accuracy`,
-    `CHECKPOINT_EVAL_METRICS`); a gate metric the loop does not record falls back to `eval_mae` for regression and
-    `eval_loss` for classification. The direction is `metric_direction(metric, evaluation.gate.direction)`: loss,
-    mae and rmse are always minimised.
+    `evaluation.gate.metric` (whose default follows `model.task`: accuracy, or rmse for regression) maps to the
+    metric the training loop records (`accuracy` → `eval_accuracy`, `CHECKPOINT_EVAL_METRICS`: loss, accuracy;
+    loss, mae, rmse, r2); the loop records no AUC per checkpoint, so an AUC gate ranks by `eval_loss`. The
+    direction is `metric_direction(metric, evaluation.gate.direction)`: loss, mae and rmse are always minimised.
     """
     gate = config.evaluation.gate
-    task = config.model.task
-    if gate.metric in CHECKPOINT_EVAL_METRICS[task]:
-        metric = f"eval_{gate.metric}"
-    elif task == Task.REGRESSION:
-        metric = "eval_mae"
-    else:
-        metric = "eval_loss"  # the loop records no AUC per checkpoint; rank by the loss instead
+    recorded = gate.metric in CHECKPOINT_EVAL_METRICS[config.model.task]
+    metric = f"eval_{gate.metric}" if recorded else "eval_loss"
     return metric, metric_direction(metric, gate.direction)
 
 

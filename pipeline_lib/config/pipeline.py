@@ -41,7 +41,12 @@ class PipelineConfig(_Frozen):
     validation: ValidationConfig = ValidationConfig()
 
     @model_validator(mode="after")
-    def _early_stopping_metric(self) -> PipelineConfig:
+    def _task_defaults_and_rules(self) -> PipelineConfig:
+        # The evaluation keys a config leaves out follow model.task (`config.evaluation.TASK_METRICS`); they stay
+        # "left out" in model_fields_set and in every dump, so a dump loaded after a task override derives them anew.
+        evaluation = self.evaluation.for_task(self.model.task)
+        if evaluation is not self.evaluation:
+            object.__setattr__(self, "evaluation", evaluation)  # frozen: set once, here, while validating
         self.train.early_stopping.check_metric(self.model.task)
         return self
 
@@ -158,6 +163,8 @@ def format_validation_error(error: ValidationError, source: str) -> str:
             lines.append(f"{path} in {source} is not a known key{hint}")
         elif kind == "missing":
             lines.append(f"{path} in {source} is required but missing")
+        elif not loc:  # a rule across sections: its message names the keys
+            lines.append(f"{item['msg'].removeprefix('Value error, ')} (in {source})")
         else:
             msg = item["msg"].removeprefix("Value error, ")
             lines.append(f"{path} ({_format_value(value)}) in {source}: {msg}")

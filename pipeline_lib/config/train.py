@@ -55,7 +55,7 @@ class Isolation(str, enum.Enum):
 # what `train.early_stopping.metric` may name. `training.evaluator.Evaluator` computes exactly these.
 CHECKPOINT_EVAL_METRICS: dict[Task, tuple[str, ...]] = {
     Task.CLASSIFICATION: ("loss", "accuracy"),
-    Task.REGRESSION: ("loss", "mae", "rmse"),
+    Task.REGRESSION: ("loss", "mae", "rmse", "r2"),
 }
 
 

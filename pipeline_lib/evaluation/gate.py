@@ -28,22 +28,36 @@ def _is_number(value: float | None) -> bool:
     return value is not None and not math.isnan(value)
 
 
+def _improvement(value: float, other: float, margin: float, direction: Direction) -> tuple[bool, float, str]:
+    """Whether `value` beats `other` by `margin` in `direction` (strictly when the margin is 0: a tie does not
+    beat), the improvement, and what it needs, for messages. The one rule for the champion and the trivial model."""
+    improvement = value - other if direction == Direction.MAX else other - value
+    better = improvement > _TOLERANCE if margin == 0 else improvement >= margin - _TOLERANCE
+    word = "higher" if direction == Direction.MAX else "lower"
+    needs = "> 0" if margin == 0 else f"≥ {margin:g}"
+    return better, improvement, f"{improvement:+.4f} in the {word}-is-better direction; needs {needs}"
+
+
 def decide(value: float | None, gate: GateConfig, min_improvement: float = 0.0, *,
-           champion_value: float | None = None, champion_version: int | None = None) -> GateDecision:
+           champion_value: float | None = None, champion_version: int | None = None,
+           baseline_value: float | None = None, baseline_model: str | None = None) -> GateDecision:
     """The blessing rule.
 
-    A model is blessed when it reaches `gate.threshold` (when set) and, when there is a champion, beats the
-    champion's score on the same eval split by at least `min_improvement` in the metric's direction (strictly,
-    when the margin is 0: a tie keeps the champion). With no champion, passing the threshold blesses. A NaN score
-    is never blessed; a missing score is blessed only when there is nothing to check (no threshold, no champion).
-    The direction is `metric_direction(gate.metric, gate.direction)`: lower is better for loss, mae and rmse.
+    A model is blessed when it has a score, reaches `gate.threshold` (when set), beats the trivial predictor's
+    score on the same eval split by more than `gate.baseline_margin` (when `gate.beat_baseline` and there is a
+    trivial score: `baseline_value`) and, when there is a champion, beats the champion's score on the same eval
+    split by at least `min_improvement` (strictly, when a margin is 0: a tie keeps the champion, a model that only
+    ties the trivial one is not blessed). A missing or NaN score is never blessed. The direction is
+    `metric_direction(gate.metric, gate.direction)`: lower is better for loss, mae and rmse.
 
     Args:
         value: the model's `gate.metric` on the eval split.
-        gate: `evaluation.gate` (metric, direction, threshold).
+        gate: `evaluation.gate` (metric, direction, threshold, beat_baseline, baseline_margin), its metric resolved.
         min_improvement: `evaluation.effective_min_improvement`.
         champion_value: the champion's score on the same split; None when there is none or it has no score.
         champion_version: the champion's registered version; None when there is no champion.
+        baseline_value: the trivial predictor's score on the same split; None when there is none.
+        baseline_model: what the trivial predictor predicts (`train mean 152.1`), for the reason.
 
     Returns:
         The GateDecision.
@@ -51,14 +65,15 @@ def decide(value: float | None, gate: GateConfig, min_improvement: float = 0.0, 
     direction = metric_direction(gate.metric, gate.direction)
     metric, threshold = gate.metric, gate.threshold
     has_champion = champion_version is not None or champion_value is not None
+    checks_baseline = gate.beat_baseline and _is_number(baseline_value)
 
     def verdict(blessed: bool, reason: str) -> GateDecision:
         return GateDecision(blessed=blessed, reason=reason, metric=metric, direction=direction.value, value=value,
                             threshold=threshold, champion_value=champion_value, champion_version=champion_version,
-                            min_improvement=min_improvement)
+                            min_improvement=min_improvement,
+                            baseline_value=baseline_value if checks_baseline else None,
+                            baseline_margin=gate.baseline_margin)
 
-    if value is None and threshold is None and not has_champion:
-        return verdict(True, f"no evaluation.gate.threshold and no champion: nothing to gate ({metric} n/a)")
     if not _is_number(value):
         return verdict(False, f"the model has no {metric} score ({value})")
     assert value is not None
@@ -67,18 +82,26 @@ def decide(value: float | None, gate: GateConfig, min_improvement: float = 0.0, 
                               f"({threshold_text(threshold, direction)})")
     passed = f"{metric} {value:.4f}" + (f" reaches {threshold_text(threshold, direction)}" if threshold is not None
                                         else "")
+    name = f"champion v{champion_version}" if champion_version is not None else "the champion"
+    if checks_baseline:
+        assert baseline_value is not None
+        better, _, how = _improvement(value, baseline_value, gate.baseline_margin, direction)
+        trivial = f"the trivial model ({baseline_model})" if baseline_model else "the trivial model"
+        comparison = f"{metric} {value:.4f} vs {trivial} {baseline_value:.4f} on the same eval split ({how})"
+        if not better:
+            also = (f"; {name} has {metric} {champion_value:.4f} there" if _is_number(champion_value)
+                    else "")
+            return verdict(False, f"does not beat the trivial model: {comparison} "
+                                  f"(evaluation.gate.beat_baseline, baseline_margin){also}")
+        passed = f"beats the trivial model: {comparison}" + (
+            f"; reaches {threshold_text(threshold, direction)}" if threshold is not None else "")
     if not has_champion:
         return verdict(True, f"{passed}; no champion yet")
-    name = f"champion v{champion_version}" if champion_version is not None else "the champion"
     if not _is_number(champion_value):
         return verdict(True, f"{passed}; {name} has no {metric} score ({champion_value}) on this eval split")
     assert champion_value is not None
-    improvement = value - champion_value if direction == Direction.MAX else champion_value - value
-    better = improvement > _TOLERANCE if min_improvement == 0 else improvement >= min_improvement - _TOLERANCE
-    word = "higher" if direction == Direction.MAX else "lower"
-    comparison = (f"{metric} {value:.4f} vs {name} {champion_value:.4f} on the same eval split "
-                  f"({improvement:+.4f} in the {word}-is-better direction; "
-                  f"needs {'> 0' if min_improvement == 0 else f'≥ {min_improvement:g}'})")
+    better, _, how = _improvement(value, champion_value, min_improvement, direction)
+    comparison = f"{metric} {value:.4f} vs {name} {champion_value:.4f} on the same eval split ({how})"
     return verdict(better, ("beats the champion: " if better else "does not beat the champion: ") + comparison)
 
 
@@ -94,26 +117,32 @@ def with_model_check(decision: GateDecision, validation: ModelValidation | None)
 def apply_gate(report: EvalReport, gate: GateConfig, min_improvement: float = 0.0, *,
                champion: EvalReport | None = None, champion_version: int | None = None,
                validation: ModelValidation | None = None) -> GateDecision:
-    """`decide` on a report, and on the champion's report of the same eval split when there is a champion; then
-    `evaluation.gate.slice_threshold` on the slices, and the model check (`with_model_check`) when it ran.
+    """`decide` on a report: its score, its trivial predictor's (`EvalReport.baseline`), and the champion's report
+    of the same eval split when there is a champion; then `evaluation.gate.slice_threshold` on the slices, and the
+    model check (`with_model_check`) when it ran. A gate without a metric takes the report's task's.
 
     Raises:
-        EvaluationError: when a threshold or a champion needs `gate.metric` and the report does not have it.
+        EvaluationError: when the report does not have `gate.metric`.
     """
     return with_model_check(_gate_report(report, gate, min_improvement, champion, champion_version), validation)
 
 
 def _gate_report(report: EvalReport, gate: GateConfig, min_improvement: float, champion: EvalReport | None,
                  champion_version: int | None) -> GateDecision:
+    try:
+        gate = gate.for_task(report.task)
+    except ValueError as error:
+        raise EvaluationError(str(error)) from None
     value = report.metrics.get(gate.metric)
-    if value is None and (gate.threshold is not None or champion is not None):
+    if value is None:
         raise EvaluationError(
             f"evaluation.gate.metric ({gate.metric!r}) is not among the {report.task} metrics "
             f"{sorted(report.metrics)}; choose one of those"
         )
     champion_value = None if champion is None else champion.metrics.get(gate.metric)
     decision = decide(value, gate, min_improvement, champion_value=champion_value,
-                      champion_version=champion_version if champion is not None else None)
+                      champion_version=champion_version if champion is not None else None,
+                      baseline_value=report.baseline.get(gate.metric), baseline_model=report.baseline_model)
     if gate.slice_threshold is None or not report.slices:
         return decision
     direction = metric_direction(gate.metric, gate.direction)

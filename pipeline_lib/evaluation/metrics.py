@@ -1,4 +1,5 @@
-"""Evaluation of a trained model on the eval split: loss, accuracy, AUC, MAE, RMSE and a confusion matrix."""
+"""Evaluation of a trained model on the eval split: loss, accuracy, AUC, MAE, RMSE, R² and a confusion matrix,
+beside the same metrics of the trivial predictor (`evaluation.trivial`)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import tensorflow as tf
 from pipeline_lib.config import PipelineConfig, SliceSpec, Task
 from pipeline_lib.core import storage
 from pipeline_lib.data.manifest import DType, Manifest
+from pipeline_lib.data.statistics import load_statistics
 from pipeline_lib.evaluation import plots, slicing
 from pipeline_lib.evaluation.report import EvalReport, EvaluationError
+from pipeline_lib.evaluation.trivial import TrivialPredictor, trivial_predictor
 from pipeline_lib.training import (
     input_pipeline,
     preprocessing,  # noqa: F401  (registers the layers load_model needs)
@@ -27,8 +30,6 @@ from pipeline_lib.training import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 256
-CLASSIFICATION_METRICS = ("loss", "accuracy", "auc")
-REGRESSION_METRICS = ("loss", "mae", "rmse")
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -101,10 +102,14 @@ def classification_metrics(labels: np.ndarray, logits: np.ndarray) -> tuple[dict
 
 
 def regression_metrics(targets: np.ndarray, predictions: np.ndarray) -> dict[str, float]:
-    """Loss (mean squared error, the training loss), MAE and RMSE."""
-    errors = np.asarray(predictions, dtype=np.float64).reshape(-1) - np.asarray(targets, dtype=np.float64)
+    """Loss (mean squared error, the training loss), MAE, RMSE and R² (1 - MSE / the targets' variance; NaN when
+    the targets are constant), all in the label's units."""
+    targets = np.asarray(targets, dtype=np.float64)
+    errors = np.asarray(predictions, dtype=np.float64).reshape(-1) - targets
     mse = float(np.mean(errors ** 2))
-    return {"loss": mse, "mae": float(np.mean(np.abs(errors))), "rmse": math.sqrt(mse)}
+    variance = float(np.var(targets)) if len(targets) else 0.0
+    r2 = 1.0 - mse / variance if variance > 0 else float("nan")
+    return {"loss": mse, "mae": float(np.mean(np.abs(errors))), "rmse": math.sqrt(mse), "r2": r2}
 
 
 def predict_split(model: keras.Model, manifest: Manifest, task: Task, *, split: str = "eval",
@@ -146,7 +151,8 @@ def predict_split(model: keras.Model, manifest: Manifest, task: Task, *, split: 
 def evaluate_model(model: keras.Model, manifest: Manifest, task: Task | str, *, split: str = "eval",
                    batch_size: int = DEFAULT_BATCH_SIZE, model_path: str | None = None,
                    slices: Sequence[SliceSpec] = (), plots_dir: str | None = None,
-                   storage_options: Mapping[str, Any] | None = None) -> EvalReport:
+                   storage_options: Mapping[str, Any] | None = None,
+                   trivial: TrivialPredictor | None = None, metrics: Sequence[str] | None = None) -> EvalReport:
     """Score an in-memory model on a split of the manifest (the retrain flow scores its champion so).
 
     Args:
@@ -159,6 +165,8 @@ def evaluate_model(model: keras.Model, manifest: Manifest, task: Task | str, *, 
         slices: `evaluation.slices`: metrics per slice of the split, in `EvalReport.slices`.
         plots_dir: where to write the evaluation plots (PNG, any fsspec URI), listed in `EvalReport.plots`.
         storage_options: fsspec options for `plots_dir`.
+        trivial: the trivial predictor (`evaluation.trivial`), scored on the same split into `EvalReport.baseline`.
+        metrics: the metrics to report (`evaluation.metrics`), in that order; default every metric of the task.
 
     Returns:
         The EvalReport, without a gate verdict.
@@ -180,27 +188,35 @@ def evaluate_model(model: keras.Model, manifest: Manifest, task: Task | str, *, 
                 f"model.task is classification but the model has {outputs.shape[1]} output unit; a "
                 "classifier needs one logit per class (model.num_classes ≥ 2)"
             )
-        metrics, matrix = classification_metrics(labels, outputs)
+        scores, matrix = classification_metrics(labels, outputs)
         vocabulary = manifest.feature_schema.label_vocabulary
         if vocabulary and len(vocabulary) == outputs.shape[1]:
             class_names = list(vocabulary)
     else:
-        metrics, matrix = regression_metrics(labels, outputs), None
-    logger.info("evaluation on %d %s examples: %s", len(labels), split,
-                ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+        scores, matrix = regression_metrics(labels, outputs), None
+
     def score(part_labels: np.ndarray, part_outputs: np.ndarray) -> dict[str, float]:
         if task == Task.CLASSIFICATION:
             return classification_metrics(part_labels, part_outputs)[0]
         return regression_metrics(part_labels, part_outputs)
+
+    baseline = score(labels, trivial.outputs(len(labels))) if trivial is not None else {}
+    if metrics is not None:  # the confusion matrix stays either way: the report and the plots show it
+        scores, baseline = ({m: values[m] for m in metrics if m in values} for values in (scores, baseline))
+    logger.info("evaluation on %d %s examples: %s%s", len(labels), split,
+                ", ".join(f"{k}={v:.4f}" for k, v in scores.items()),
+                f" | trivial model ({trivial.description}): " + ", ".join(f"{k}={v:.4f}" for k, v in baseline.items())
+                if trivial is not None else "")
 
     sliced = slicing.compute_slices(slices, columns, labels, outputs, score)
     written = {}
     if plots_dir is not None:
         written = plots.write_plots(plots.evaluation_figures(task, labels, outputs, class_names), plots_dir,
                                     storage_options)
-    return EvalReport(task=task.value, split=split, metrics=metrics, confusion_matrix=matrix,
+    return EvalReport(task=task.value, split=split, metrics=scores, confusion_matrix=matrix,
                       class_names=class_names, num_examples=len(labels), model_path=model_path, slices=sliced,
-                      plots=written)
+                      plots=written, baseline=baseline,
+                      baseline_model=trivial.description if trivial is not None else None)
 
 
 def load_model(model_path: str, storage_options: dict[str, Any] | None = None) -> keras.Model:
@@ -227,31 +243,28 @@ def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, *,
              batch_size: int = DEFAULT_BATCH_SIZE, plots_dir: str | None = None) -> EvalReport:
     """Evaluate an exported `.keras` model on the eval split (the gate is `evaluation.gate.apply_gate`, after).
 
-    Every metric of the task is computed (classification: loss, accuracy, auc and the confusion matrix;
-    regression: loss, mae, rmse); `evaluation.metrics` entries that do not apply to the task are warned about.
+    The metrics of `evaluation.metrics` (by default the task's: classification loss, accuracy, auc, with the
+    confusion matrix always; regression loss, mae, rmse, r2) are reported for the model and for the trivial
+    predictor of the train split (`evaluation.trivial`: its majority class or mean), on the same split.
 
     Args:
-        config: the pipeline config (model.task, evaluation.gate).
+        config: the pipeline config (model.task, evaluation.slices).
         manifest: the dataset manifest.
         model_path: the `.keras` file (local path or fsspec URI).
         batch_size: records per batch.
 
     Returns:
-        The EvalReport, without a gate decision.
+        The EvalReport, its `baseline` the trivial predictor's metrics, without a gate decision.
 
     Raises:
         EvaluationError: when the model is missing, or the eval split is empty.
     """
     task = config.model.task
-    applicable = set(CLASSIFICATION_METRICS if task == Task.CLASSIFICATION else REGRESSION_METRICS)
-    if task == Task.CLASSIFICATION:
-        applicable.add("confusion_matrix")
-    extra = [m for m in config.evaluation.metrics if m not in applicable]
-    if extra:
-        logger.warning("evaluation.metrics %s do not apply to %s; reporting %s", extra, task.value,
-                       sorted(applicable))
     model = load_model(model_path, config.storage_options)
+    statistics = load_statistics(manifest, config.storage_options)  # before staging: it stays beside the manifest
+    trivial = trivial_predictor(task, manifest.feature_schema, statistics, int(model.outputs[0].shape[-1]))
     manifest = staging.stage_split(manifest, "eval", storage_options=config.storage_options)
     return evaluate_model(model, manifest, task, batch_size=batch_size, model_path=model_path,
                           slices=config.evaluation.slices, plots_dir=plots_dir,
-                          storage_options=config.storage_options)
+                          storage_options=config.storage_options, trivial=trivial,
+                          metrics=config.evaluation.metrics)

@@ -16,7 +16,8 @@ class EvaluationError(TfdagError, RuntimeError):
 
 
 class GateDecision(BaseModel):
-    """Whether a model is blessed: `evaluation.gate.threshold`, then `min_improvement` over the champion.
+    """Whether a model is blessed: `evaluation.gate.threshold`, the trivial predictor (`beat_baseline`), then
+    `min_improvement` over the champion.
 
     The one verdict for the training pipeline and the retrain flow; `champion_value` is the champion's score on the
     same eval split (None when there is no champion).
@@ -33,6 +34,8 @@ class GateDecision(BaseModel):
     champion_value: float | None = None
     champion_version: int | None = None
     min_improvement: float = 0.0
+    baseline_value: float | None = None  # the trivial predictor's score on the same split; None when not gated on
+    baseline_margin: float = 0.0
     failing_slices: tuple[str, ...] = ()  # slices below evaluation.gate.slice_threshold
 
 
@@ -51,11 +54,16 @@ class EvalReport(BaseModel):
     gate: GateDecision | None = None
     slices: list[SliceResult] = []  # evaluation.slices, one entry per slice present in the split
     plots: dict[str, str] = {}  # plot name → PNG URI (confusion matrix, ROC, PR, calibration; regression plots)
+    # The trivial predictor's metrics on the same split (`evaluation.trivial`) and what it predicts; empty / None
+    # for a dataset without statistics.
+    baseline: dict[str, float] = {}
+    baseline_model: str | None = None
 
     def to_json(self) -> str:
         """The report as indented JSON (NaN metrics become null)."""
         payload = self.model_dump(mode="json")
-        payload["metrics"] = {k: (None if math.isnan(v) else v) for k, v in self.metrics.items()}
+        for key in ("metrics", "baseline"):
+            payload[key] = {k: (None if math.isnan(v) else v) for k, v in getattr(self, key).items()}
         return json.dumps(payload, indent=2, sort_keys=True)
 
     def to_markdown(self) -> str:
@@ -63,8 +71,11 @@ class EvalReport(BaseModel):
         lines = [f"# Evaluation on the {self.split} split", "",
                  f"{self.num_examples} examples, task {self.task}"
                  + (f", model `{self.model_path}`" if self.model_path else ""), "",
-                 "| metric | value |", "|---|---|"]
-        lines += [f"| {name} | {value:.4f} |" for name, value in self.metrics.items()]
+                 *([f"Trivial model: {self.baseline_model}.", ""] if self.baseline_model else []),
+                 "| metric | value |" + (" trivial model |" if self.baseline else ""),
+                 "|---|---|" + ("---|" if self.baseline else "")]
+        lines += [f"| {name} | {value:.4f} |" + (f" {self.baseline.get(name, float('nan')):.4f} |" if self.baseline
+                                                  else "") for name, value in self.metrics.items()]
         if self.gate is not None:
             verdict = "blessed" if self.gate.blessed else "NOT blessed"
             lines += ["", f"**Gate: {verdict}.** {self.gate.reason}"]

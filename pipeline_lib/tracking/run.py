@@ -31,6 +31,7 @@ from pipeline_lib.tracking.client import (
 logger = logging.getLogger(__name__)
 
 FINAL_METRIC_PREFIX = "final_eval_"
+BASELINE_METRIC_PREFIX = "baseline."  # the trivial predictor's metrics on the same eval split (`evaluation.trivial`)
 # The stage that raised, on a run that ended FAILED or KILLED.
 FAILED_STAGE_TAG = "tfdag.failed_stage"
 # The gate's decision on the run's model: "true" or "false", and why.

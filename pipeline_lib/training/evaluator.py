@@ -1,8 +1,7 @@
-"""Eval metrics at each checkpoint: loss and accuracy (or mae and rmse) over the eval split, computed by the chief."""
+"""Eval metrics at each checkpoint: loss and accuracy (or mae, rmse and r2) over the eval split, computed by the
+chief."""
 
 from __future__ import annotations
-
-import math
 
 import keras
 import tensorflow as tf
@@ -32,33 +31,37 @@ class Evaluator:
 
         @tf.function(reduce_retracing=True)
         def batch_sums(inputs, labels):
+            # Sums over the batch, added up over the split in float64 by the caller: loss, then the task's.
             logits = tf.cast(model(inputs, training=False), tf.float32)
+            count = tf.cast(tf.shape(labels)[0], tf.float32)
             loss = tf.reduce_sum(loss_fn(labels, logits))
             if task == Task.CLASSIFICATION:
                 hits = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32))
-            else:
-                hits = tf.reduce_sum(tf.abs(tf.reshape(logits, [-1]) - labels))
-            return loss, hits, tf.cast(tf.shape(labels)[0], tf.float32)
+                return loss, count, hits
+            errors = tf.reshape(logits, [-1]) - labels
+            return (loss, count, tf.reduce_sum(tf.abs(errors)), tf.reduce_sum(tf.square(errors)),
+                    tf.reduce_sum(labels), tf.reduce_sum(tf.square(labels)))
 
         self._batch_sums = batch_sums
 
     def __call__(self) -> dict[str, float]:
         """`eval_<name>` for each of `CHECKPOINT_EVAL_METRICS[task]`: `eval_loss` and `eval_accuracy`
-        (classification) or `eval_loss`, `eval_mae` and `eval_rmse` (regression); empty without eval data."""
+        (classification) or `eval_loss`, `eval_mae`, `eval_rmse` and `eval_r2` (regression, in the label's units, as
+        the evaluation reports them; no `eval_r2` when the eval labels are constant); empty without eval data."""
         if self.dataset is None:
             return {}
-        loss = hits = count = 0.0
+        sums = None
         for inputs, labels in self.dataset:
-            batch_loss, batch_hits, batch_count = self._batch_sums(inputs, labels)
-            loss += float(batch_loss)
-            hits += float(batch_hits)
-            count += float(batch_count)
-        if not count:
+            batch = [float(value) for value in self._batch_sums(inputs, labels)]
+            sums = batch if sums is None else [a + b for a, b in zip(sums, batch)]
+        if not sums or not sums[1]:
             return {}
-        metrics = {"eval_loss": loss / count}
+        loss, count = sums[0], sums[1]
         if self.task == Task.CLASSIFICATION:
-            metrics["eval_accuracy"] = hits / count
-        else:
-            metrics["eval_mae"] = hits / count
-            metrics["eval_rmse"] = math.sqrt(metrics["eval_loss"])  # the regression loss is the squared error
+            return {"eval_loss": loss / count, "eval_accuracy": sums[2] / count}
+        absolute, squared, total, total_squared = sums[2:]
+        variance = total_squared / count - (total / count) ** 2  # of the eval labels, for r2
+        metrics = {"eval_loss": loss / count, "eval_mae": absolute / count, "eval_rmse": (squared / count) ** 0.5}
+        if variance > 0:
+            metrics["eval_r2"] = 1.0 - (squared / count) / variance
         return metrics

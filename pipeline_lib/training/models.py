@@ -1,9 +1,11 @@
 """Keras 3 model factories: the `ModelFactory` protocol, the built-in MLP and CNN, and `package.module:function`.
 
 Every factory, built-in or the user's, is a `ModelFactory`: it receives one `FactoryInputs` (the schema, the
-number of outputs, the task, `model.params` and the dataset statistics) and returns a keras.Model. The built-ins
-start with the preprocessing of `training.preprocessing`, built from the statistics (imputation, z-scores,
-vocabularies): `model.params.normalize: false` keeps only the imputation and hashes strings.
+number of outputs, the task, `model.params`, the dataset statistics and the label's) and returns a keras.Model. The
+built-ins start with the preprocessing of `training.preprocessing`, built from the statistics (imputation, z-scores,
+vocabularies): `model.params.normalize: false` keeps only the imputation and hashes strings. For regression they end
+with `create_head`: the head outputs the label's z-score, which a standard `Rescaling` layer maps to the label's
+units with the train split's mean and standard deviation (`model.params.scale_label: false` leaves it out).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import dataclasses
 import importlib
 import inspect
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -20,7 +23,7 @@ import keras
 from pipeline_lib.config import ModelConfig, Task
 from pipeline_lib.core.errors import UserError
 from pipeline_lib.data.manifest import Schema
-from pipeline_lib.data.statistics import DatasetStatistics
+from pipeline_lib.data.statistics import DatasetStatistics, NumericStatistics
 from pipeline_lib.training.input_pipeline import (
     feature_width,
     input_signature,
@@ -49,6 +52,9 @@ class FactoryInputs:
         params: `model.params`, as written in the config.
         statistics: the train split's statistics (`data.statistics`), for preprocessing layers built from them;
             None for a dataset without them.
+        label_statistics: regression only: the label's train-split statistics (mean, variance), for an output
+            layer in the label's units (`create_head`); None for classification or a dataset without statistics.
+            A custom factory opts in by ending with `create_head(x, inputs)`, or out by ignoring it.
     """
 
     schema: Schema
@@ -56,6 +62,7 @@ class FactoryInputs:
     task: Task
     params: Mapping[str, Any]
     statistics: DatasetStatistics | None = None
+    label_statistics: NumericStatistics | None = None
 
 
 class ModelFactory(Protocol):
@@ -95,14 +102,36 @@ def create_inputs(schema) -> dict[str, keras.KerasTensor]:
     }
 
 
-def _head(x, units: int):
-    # float32 logits even under the mixed_float16 policy, for a numerically stable loss.
-    return keras.layers.Dense(units, dtype="float32", name="logits")(x)
+def label_statistics(task: Task, schema: Schema, statistics: DatasetStatistics | None) -> NumericStatistics | None:
+    """The label's train-split statistics for a regression with statistics; else None."""
+    if task != Task.REGRESSION or statistics is None:
+        return None
+    label = statistics.feature(schema.label.name, "train")
+    numeric = label.numeric if label is not None else None
+    return numeric if numeric is not None and numeric.mean is not None else None
+
+
+def create_head(x, inputs: FactoryInputs, *, scale_label: bool = True):
+    """The output layer of a model: `inputs.num_outputs` float32 units (even under mixed_float16, for a stable loss).
+
+    For a regression with `inputs.label_statistics` (and `scale_label`), the Dense head outputs the label's z-score
+    (its bias starts at 0: at the train mean), and a standard `keras.layers.Rescaling(scale=std, offset=mean)` maps
+    it to the label's units: the initial weights give predictions of the label's spread around its mean, each
+    update moves them on the label's scale whatever its units, and the exported model outputs (and serves) the
+    label's values, loadable without tfdag's classes.
+    Otherwise the head is a plain Dense layer of logits (or raw outputs).
+    """
+    stats = inputs.label_statistics if scale_label and inputs.task == Task.REGRESSION else None
+    if stats is None:
+        return keras.layers.Dense(inputs.num_outputs, dtype="float32", name="logits")(x)
+    z = keras.layers.Dense(inputs.num_outputs, dtype="float32", name="logits")(x)
+    std = math.sqrt(stats.variance) if stats.variance else 1.0  # a constant label: only its mean to learn
+    return keras.layers.Rescaling(scale=std, offset=float(stats.mean), dtype="float32", name="label_units")(z)
 
 
 def _mlp(schema, num_outputs: int, hidden_units=(128, 64), dropout: float = 0.0,
                activation: str = "relu", statistics: DatasetStatistics | None = None, normalize: bool = True,
-               **params: Any) -> keras.Model:
+               head: Callable[[Any], Any] | None = None, **params: Any) -> keras.Model:
     """A multilayer perceptron over the preprocessed numbers and strings.
 
     Args:
@@ -113,10 +142,11 @@ def _mlp(schema, num_outputs: int, hidden_units=(128, 64), dropout: float = 0.0,
         activation: hidden activation.
         statistics: the dataset statistics the preprocessing is built from (None: raw inputs, hashed strings).
         normalize: z-score numbers and look strings up in their vocabulary (`model.params.normalize`).
+        head: builds the output layer on the last hidden layer (`create_head`); default a plain Dense layer.
         **params: `hash_bins`, `embedding_dim`, `max_vocabulary`, `one_hot_max` for string features.
 
     Returns:
-        A functional keras.Model from the inputs dict (raw values) to logits.
+        A functional keras.Model from the inputs dict (raw values) to logits (regression: the label's values).
     """
     inputs = create_inputs(schema)
     parts = preprocess_inputs(inputs, schema, statistics, params, normalize=normalize)
@@ -127,12 +157,13 @@ def _mlp(schema, num_outputs: int, hidden_units=(128, 64), dropout: float = 0.0,
         x = keras.layers.Dense(int(units), activation=activation, name=f"dense_{i}")(x)
         if dropout:
             x = keras.layers.Dropout(float(dropout), name=f"dropout_{i}")(x)
-    return keras.Model(inputs, _head(x, num_outputs), name="mlp")
+    return keras.Model(inputs, _output(x, num_outputs, head), name="mlp")
 
 
 def _cnn(schema, num_outputs: int, image_shape=None, filters=(16, 32), kernel_size: int = 3,
                dense_units: int = 64, activation: str = "relu", dropout: float = 0.0,
-               statistics: DatasetStatistics | None = None, normalize: bool = True, **params: Any) -> keras.Model:
+               statistics: DatasetStatistics | None = None, normalize: bool = True,
+               head: Callable[[Any], Any] | None = None, **params: Any) -> keras.Model:
     """A small CNN: the numeric vector reshaped to `image_shape`, Conv2D blocks, then Dense.
 
     Args:
@@ -146,6 +177,7 @@ def _cnn(schema, num_outputs: int, image_shape=None, filters=(16, 32), kernel_si
         dropout: dropout before the head (0: none).
         statistics: the dataset statistics the preprocessing is built from (None: raw inputs, hashed strings).
         normalize: z-score the pixels and look strings up in their vocabulary (`model.params.normalize`).
+        head: builds the output layer on the last hidden layer (`create_head`); default a plain Dense layer.
         **params: `hash_bins`, `embedding_dim`, `max_vocabulary`, `one_hot_max` for string features.
 
     Raises:
@@ -185,17 +217,29 @@ def _cnn(schema, num_outputs: int, image_shape=None, filters=(16, 32), kernel_si
     x = keras.layers.Dense(int(dense_units), activation=activation, name="dense")(x)
     if dropout:
         x = keras.layers.Dropout(float(dropout), name="dropout")(x)
-    return keras.Model(inputs, _head(x, num_outputs), name="cnn")
+    return keras.Model(inputs, _output(x, num_outputs, head), name="cnn")
+
+
+def _output(x, num_outputs: int, head: Callable[[Any], Any] | None):
+    return head(x) if head is not None else keras.layers.Dense(num_outputs, dtype="float32", name="logits")(x)
+
+
+def _builtin_params(inputs: FactoryInputs) -> dict[str, Any]:
+    """A built-in's keyword arguments: `model.params`, the statistics and the head (`scale_label`, default on)."""
+    params = dict(inputs.params)
+    scale_label = bool(params.pop("scale_label", True))
+    return {**params, "statistics": inputs.statistics,
+            "head": lambda x: create_head(x, inputs, scale_label=scale_label)}
 
 
 def create_mlp(inputs: FactoryInputs) -> keras.Model:
-    """The `mlp` factory: `model.params` are `_mlp`'s keyword arguments."""
-    return _mlp(inputs.schema, inputs.num_outputs, statistics=inputs.statistics, **inputs.params)
+    """The `mlp` factory: `model.params` are `_mlp`'s keyword arguments, and `scale_label` (`create_head`)."""
+    return _mlp(inputs.schema, inputs.num_outputs, **_builtin_params(inputs))
 
 
 def create_cnn(inputs: FactoryInputs) -> keras.Model:
-    """The `cnn` factory: `model.params` are `_cnn`'s keyword arguments."""
-    return _cnn(inputs.schema, inputs.num_outputs, statistics=inputs.statistics, **inputs.params)
+    """The `cnn` factory: `model.params` are `_cnn`'s keyword arguments, and `scale_label` (`create_head`)."""
+    return _cnn(inputs.schema, inputs.num_outputs, **_builtin_params(inputs))
 
 
 BUILTINS: dict[str, ModelFactory] = {"mlp": create_mlp, "cnn": create_cnn}
@@ -251,8 +295,9 @@ def _call(fn: ModelFactory | Callable[..., keras.Model], inputs: FactoryInputs) 
     if not _is_keyword_factory(fn):
         return fn(inputs)
     params = dict(inputs.params)
-    if "statistics" in (_parameters(fn) or {}):
-        params["statistics"] = inputs.statistics
+    for name in ("statistics", "label_statistics"):
+        if name in (_parameters(fn) or {}):
+            params[name] = getattr(inputs, name)
     return fn(schema=inputs.schema, num_outputs=inputs.num_outputs, **params)
 
 
@@ -261,7 +306,7 @@ def create_model(model_config: ModelConfig, schema, statistics: DatasetStatistic
 
     The factory is called with one `FactoryInputs` (see `ModelFactory`). A custom factory written the older
     way, with `schema` and `num_outputs` parameters, is still called as `fn(schema=, num_outputs=, **params)`,
-    with `statistics=` too when it has that parameter.
+    with `statistics=` and `label_statistics=` too when it has those parameters.
 
     Args:
         model_config: the `model` config section.
@@ -270,13 +315,14 @@ def create_model(model_config: ModelConfig, schema, statistics: DatasetStatistic
 
     Returns:
         A keras.Model taking the inputs dict of `create_dataset` and returning logits
-        (num_classes wide for classification, 1 wide for regression).
+        (num_classes wide for classification, 1 wide for regression: the label's values with the built-ins).
 
     Raises:
         ModelFactoryError: when the factory cannot be imported, rejects its params, or returns no keras.Model.
     """
     inputs = FactoryInputs(schema=schema, num_outputs=num_outputs(model_config, schema), task=model_config.task,
-                           params=dict(model_config.params), statistics=statistics)
+                           params=dict(model_config.params), statistics=statistics,
+                           label_statistics=label_statistics(model_config.task, schema, statistics))
     fn = BUILTINS.get(model_config.factory) or import_factory(model_config.factory)
     try:
         model = _call(fn, inputs)

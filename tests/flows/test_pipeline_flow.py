@@ -74,6 +74,11 @@ def test_training_pipeline_end_to_end(digits_run, tmp_path):
     assert len(history) >= 3
     assert history[-1].value < history[0].value
     assert run.data.metrics["final_eval_accuracy"] == pytest.approx(summary.metrics["accuracy"])
+    # The trivial model (the train split's majority class) scored beside it, and beaten: the gate says by how much.
+    assert summary.baseline_model.startswith("majority class") and summary.baseline_metrics["accuracy"] < 0.2
+    assert run.data.metrics["baseline.accuracy"] == pytest.approx(summary.baseline_metrics["accuracy"])
+    assert summary.gate.baseline_value == pytest.approx(summary.baseline_metrics["accuracy"])
+    assert summary.gate.reason.startswith("beats the trivial model: accuracy ")
     # The per-checkpoint evaluations are a curve under `checkpoint/`, one value per checkpoint.
     assert "eval_accuracy" not in run.data.metrics
     assert len(client.get_metric_history(run.info.run_id, "checkpoint/eval_accuracy")) >= 2

@@ -6,8 +6,10 @@ import pydantic
 import pytest
 import yaml
 
+from pipeline_lib.checkpoints import selection
 from pipeline_lib.config import (
     ConfigError,
+    Direction,
     LrScaling,
     PipelineConfig,
     Strategy,
@@ -92,6 +94,75 @@ def test_unknown_metric(tmp_path):
     data = {**MINIMAL, "evaluation": {"metrics": ["accuracy", "f7"]}}
     with pytest.raises(ConfigError, match=r"evaluation.metrics .*unknown metric\(s\) \['f7'\]"):
         load_config(write(tmp_path, data))
+
+
+REGRESSION = {**MINIMAL, "model": {"task": "regression"}}
+
+
+def test_evaluation_defaults_follow_the_task():
+    classification = PipelineConfig.model_validate(MINIMAL)
+    assert classification.evaluation.metrics == ("loss", "accuracy", "auc")
+    assert classification.evaluation.gate.metric == "accuracy"
+    assert selection.selection_metric(classification) == ("eval_accuracy", Direction.MAX)
+    regression = PipelineConfig.model_validate(REGRESSION)
+    assert regression.evaluation.metrics == ("loss", "mae", "rmse", "r2")
+    assert regression.evaluation.gate.metric == "rmse"
+    assert selection.selection_metric(regression) == ("eval_rmse", Direction.MIN)
+    assert regression.evaluation.gate.beat_baseline and regression.evaluation.gate.baseline_margin == 0.0
+    # What was derived stays "left out": model_fields_set tells it from the user's choice.
+    assert "metrics" not in regression.evaluation.model_fields_set
+    assert "metric" not in regression.evaluation.gate.model_fields_set
+
+
+def test_an_explicit_choice_wins_over_the_tasks_defaults():
+    config = PipelineConfig.model_validate({**REGRESSION, "evaluation": {"metrics": ["loss", "mae"],
+                                                                         "gate": {"metric": "mae"}}})
+    assert config.evaluation.metrics == ("loss", "mae") and config.evaluation.gate.metric == "mae"
+    assert {"metrics"} <= config.evaluation.model_fields_set and "metric" in config.evaluation.gate.model_fields_set
+    # An explicit null is the default: derived from the task.
+    nulls = PipelineConfig.model_validate({**REGRESSION, "evaluation": {"metrics": None, "gate": {"metric": None}}})
+    assert nulls.evaluation == PipelineConfig.model_validate(REGRESSION).evaluation
+
+
+@pytest.mark.parametrize("task,evaluation,message", [
+    ("regression", {"gate": {"metric": "accuracy"}},
+     (r"evaluation.gate.metric \('accuracy'\) is not a metric model.task regression computes; choose one of "
+     r"\['loss', 'mae', 'rmse', 'r2'\] \(or leave it out: 'rmse'\) \(in pipe.yaml\)")),
+    ("regression", {"gate": {"metric": "auc"}}, r"evaluation.gate.metric \('auc'\) is not a metric model.task regression"),
+    ("classification", {"gate": {"metric": "rmse"}},
+     (r"evaluation.gate.metric \('rmse'\) is not a metric model.task classification computes; choose one of "
+     r"\['loss', 'accuracy', 'auc'\]")),
+    ("classification", {"gate": {"metric": "confusion_matrix"}}, r"'confusion_matrix'\) is not a metric"),
+    ("regression", {"metrics": ["loss", "mae"]},
+     r"evaluation.gate.metric \('rmse'\) is not among evaluation.metrics \['loss', 'mae'\], so the run would not "
+     r"compute it; add it there, or gate on one of those"),
+    ("regression", {"metrics": ["loss", "accuracy", "auc"]},
+     (r"evaluation.metrics \['accuracy', 'auc'\] do not fit model.task regression; it computes "
+     r"\['loss', 'mae', 'rmse', 'r2'\]")),
+])
+def test_a_metric_that_does_not_fit_the_task_is_a_config_error(tmp_path, task, evaluation, message):
+    data = {**MINIMAL, "model": {"task": task}, "evaluation": evaluation}
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, data))
+
+
+def test_derived_defaults_round_trip_through_every_dump_and_follow_a_task_override():
+    from pipeline_lib.tracking.registry import apply_overrides
+
+    regression = PipelineConfig.model_validate(REGRESSION)
+    dumped = yaml.safe_load(regression.masked_yaml())
+    assert dumped["evaluation"]["metrics"] is None and dumped["evaluation"]["gate"]["metric"] is None
+    for values in (dumped, regression.model_dump(mode="json"), regression.for_process()[0],
+                   json.loads(regression.model_dump_json())):
+        again = PipelineConfig.model_validate(values)
+        assert again == regression and again.config_hash() == regression.config_hash()
+    # A dump that travels (a Prefect parameter, a retrain override) derives the defaults anew for its task.
+    classification = apply_overrides(regression, {"model.task": "classification"})
+    assert classification.evaluation.metrics == ("loss", "accuracy", "auc")
+    assert classification.evaluation.gate.metric == "accuracy"
+    # An explicit choice is dumped as written, and stays.
+    explicit = PipelineConfig.model_validate({**REGRESSION, "evaluation": {"gate": {"metric": "mae"}}})
+    assert yaml.safe_load(explicit.masked_yaml())["evaluation"]["gate"]["metric"] == "mae"
 
 
 def test_missing_file_and_bad_yaml(tmp_path):

@@ -22,10 +22,12 @@ def _records(values: dict[int, float], metric: str = "eval_accuracy") -> list[Ch
     ("classification", {"metric": "accuracy"}, ("eval_accuracy", Direction.MAX)),
     ("classification", {"metric": "accuracy", "direction": "min"}, ("eval_accuracy", Direction.MIN)),
     ("classification", {"metric": "loss", "direction": "max"}, ("eval_loss", Direction.MIN)),
-    ("classification", {"metric": "mae"}, ("eval_loss", Direction.MIN)),
     ("regression", {"metric": "rmse"}, ("eval_rmse", Direction.MIN)),
     ("classification", {"metric": "auc"}, ("eval_loss", Direction.MIN)),
-    ("regression", {"metric": "accuracy"}, ("eval_mae", Direction.MIN)),
+    ("classification", {}, ("eval_accuracy", Direction.MAX)),  # the task's default gate metric
+    ("regression", {}, ("eval_rmse", Direction.MIN)),
+    ("regression", {"metric": "mae"}, ("eval_mae", Direction.MIN)),
+    ("regression", {"metric": "r2"}, ("eval_r2", Direction.MAX)),
 ])
 def test_selection_metric_maps_the_gate_metric_and_takes_its_direction_from_metric_direction(task, gate, expected):
     assert selection.selection_metric(_config(task, **gate)) == expected

@@ -17,9 +17,12 @@ def test_gate_directions_and_missing_metric():
     # Lower is better for mae whatever the configured direction says.
     assert gate.apply_gate(report, GateConfig(metric="mae", threshold=0.5)).blessed
     assert not gate.apply_gate(report, GateConfig(metric="mae", threshold=0.3)).blessed
-    assert gate.apply_gate(report, GateConfig(metric="accuracy")).blessed  # no threshold: nothing to reach
-    with pytest.raises(EvaluationError, match=r"evaluation.gate.metric \('accuracy'\) is not among"):
-        gate.apply_gate(report, GateConfig(metric="accuracy", threshold=0.9))
+    # A gate metric the task does not compute is an error, threshold or not: never "nothing to gate".
+    with pytest.raises(EvaluationError, match=r"evaluation.gate.metric \('accuracy'\) is not a metric model.task "
+                                              r"regression computes; choose one of \['loss', 'mae', 'rmse', 'r2'\]"):
+        gate.apply_gate(report, GateConfig(metric="accuracy"))
+    with pytest.raises(EvaluationError, match=r"evaluation.gate.metric \('r2'\) is not among the regression metrics"):
+        gate.apply_gate(report, GateConfig(metric="r2", threshold=0.9))
 
 
 
@@ -95,7 +98,7 @@ def test_apply_gate_compares_with_the_champions_report_of_the_same_split():
     assert not decision.blessed and decision.champion_value == 0.91 and decision.threshold == 0.8
     assert "does not beat the champion" in decision.reason and "champion v2 0.9100" in decision.reason
     regression = EvalReport(task="regression", metrics={"mae": 0.1}, num_examples=3)
-    with pytest.raises(EvaluationError, match="is not among"):
+    with pytest.raises(EvaluationError, match="is not a metric model.task regression computes"):
         gate.apply_gate(regression, MAX_ACC, champion=regression, champion_version=1)
 
 
@@ -119,3 +122,42 @@ def test_a_failed_model_check_refuses_a_model_the_metrics_bless_and_leads_the_re
     assert refused.reason.startswith("the model check failed: tf.saved_model.load('export/saved_model') in a fresh "
                                      "process without tfdag: OSError: truncated; fix: re-export it; the evaluation "
                                      "gate: accuracy 0.9500 reaches ≥ 0.9")
+
+
+def test_the_gate_blesses_only_a_model_that_beats_the_trivial_one_and_names_both_values():
+    rmse = GateConfig(metric="rmse")
+    refused = gate.decide(80.0, rmse, baseline_value=77.0, baseline_model="train mean 152.1")
+    assert not refused.blessed and refused.baseline_value == 77.0
+    assert refused.reason == ("does not beat the trivial model: rmse 80.0000 vs the trivial model (train mean 152.1) "
+                              "77.0000 on the same eval split (-3.0000 in the lower-is-better direction; needs > 0) "
+                              "(evaluation.gate.beat_baseline, baseline_margin)")
+    assert not gate.decide(77.0, rmse, baseline_value=77.0).blessed  # a tie with the trivial model is no win
+    blessed = gate.decide(55.0, rmse, baseline_value=77.0, baseline_model="train mean 152.1")
+    assert blessed.blessed and blessed.reason.startswith("beats the trivial model: rmse 55.0000 vs the trivial model")
+    assert blessed.reason.endswith("; no champion yet")
+    # A margin, and the switch.
+    assert not gate.decide(70.0, rmse.model_copy(update={"baseline_margin": 10.0}), baseline_value=77.0).blessed
+    assert gate.decide(80.0, rmse.model_copy(update={"beat_baseline": False}), baseline_value=77.0).blessed
+    # The champion is judged after the trivial model.
+    both = gate.decide(55.0, rmse, baseline_value=77.0, champion_value=50.0, champion_version=4)
+    assert not both.blessed and both.reason.startswith("does not beat the champion")
+
+
+def test_apply_gate_takes_the_trivial_score_from_the_report_and_the_tasks_default_metric():
+    report = EvalReport(task="classification", metrics={"loss": 1.0, "accuracy": 0.30, "auc": 0.6}, num_examples=9,
+                        baseline={"loss": 1.1, "accuracy": 0.34, "auc": 0.5}, baseline_model="majority class 2")
+    decision = gate.apply_gate(report, GateConfig())  # no metric: the task's (accuracy)
+    assert (decision.metric, decision.value, decision.baseline_value) == ("accuracy", 0.30, 0.34)
+    assert not decision.blessed and "the trivial model (majority class 2) 0.3400" in decision.reason
+    assert gate.apply_gate(report, GateConfig(metric="auc")).blessed
+    # A report without a trivial score (a dataset without statistics) is gated as before.
+    bare = report.model_copy(update={"baseline": {}, "baseline_model": None})
+    assert gate.apply_gate(bare, GateConfig()).blessed
+
+
+def test_a_model_refused_by_the_trivial_model_also_names_the_champions_score():
+    decision = gate.decide(0.05, MAX_ACC, baseline_value=0.10, baseline_model="majority class 4", champion_value=0.9,
+                           champion_version=2)
+    assert not decision.blessed
+    assert decision.reason.startswith("does not beat the trivial model: accuracy 0.0500 vs the trivial model")
+    assert decision.reason.endswith("; champion v2 has accuracy 0.9000 there")

@@ -92,8 +92,9 @@ def test_regression_metrics_match_hand_computation(tmp_path):
     assert report.metrics["loss"] == pytest.approx(np.mean(errors ** 2), rel=1e-5)
     assert report.metrics["mae"] == pytest.approx(np.mean(np.abs(errors)), rel=1e-5)
     assert report.metrics["rmse"] == pytest.approx(math.sqrt(np.mean(errors ** 2)), rel=1e-5)
+    assert report.metrics["r2"] == pytest.approx(1 - np.mean(errors ** 2) / np.var(targets), rel=1e-5)
     assert report.confusion_matrix is None
-    assert set(report.metrics) == {"loss", "mae", "rmse"}
+    assert set(report.metrics) == {"loss", "mae", "rmse", "r2"}
 
 
 def test_evaluate_loads_the_keras_file_and_applies_the_gate(classification_setup, tmp_path):
