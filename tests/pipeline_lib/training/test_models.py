@@ -126,3 +126,30 @@ def test_bad_params_name_the_factory(tiny_manifest, custom_module):
     with pytest.raises(models.ModelFactoryError, match=r"'my_factories:tiny' rejected model.params \['depth'\]"):
         models.create_model(ModelConfig(factory="my_factories:tiny", params={"depth": 3}),
                             tiny_manifest.feature_schema)
+
+
+def test_a_regression_factory_receives_the_labels_statistics_and_opts_in_with_create_head(tmp_path, custom_module):
+    from pipeline_lib.data.manifest import DType
+    from pipeline_lib.data.statistics import (
+        DatasetStatistics,
+        FeatureStatistics,
+        NumericStatistics,
+        SplitStatistics,
+    )
+
+    manifest = write_dataset(str(tmp_path / "reg"), num_train=16, task="regression")
+    label = NumericStatistics(count=16, missing=0, min=1000.0, max=3000.0, mean=2000.0, variance=250_000.0)
+    statistics = DatasetStatistics(label="label", splits={"train": SplitStatistics(num_rows=16, features={
+        "label": FeatureStatistics(dtype=DType.FLOAT32, numeric=label)})})
+    config = ModelConfig(factory=f"{custom_module}:protocol_factory", task=Task.REGRESSION, params={"width": 3})
+    plain = models.create_model(config, manifest.feature_schema, statistics)
+    [inputs] = sys.modules[custom_module].SEEN
+    assert inputs.label_statistics == label
+    # Ignoring it (this factory's own Dense head) opts out; ending with create_head opts in.
+    assert "label_units" not in [layer.name for layer in plain.layers]
+    features = models.create_inputs(manifest.feature_schema)
+    head = models.create_head(keras.layers.Dense(3)(features["numeric"]), inputs)
+    scaled = keras.Model(features, head)
+    scaled.get_layer("logits").set_weights([np.zeros((3, 1), np.float32), np.zeros(1, np.float32)])
+    np.testing.assert_allclose(np.asarray(scaled(_batch(manifest)[0])), 2000.0)
+    assert scaled.get_layer("label_units").get_config()["scale"] == pytest.approx(500.0)
