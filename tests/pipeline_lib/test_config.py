@@ -134,8 +134,8 @@ def test_an_explicit_choice_wins_over_the_tasks_defaults():
      r"\['loss', 'accuracy', 'auc'\]")),
     ("classification", {"gate": {"metric": "confusion_matrix"}}, r"'confusion_matrix'\) is not a metric"),
     ("regression", {"metrics": ["loss", "mae"]},
-     r"evaluation.gate.metric \('rmse'\) is not among evaluation.metrics \['loss', 'mae'\], so the run would not "
-     r"compute it; add it there, or gate on one of those"),
+     (r"evaluation.gate.metric \('rmse'\) is not among evaluation.metrics \['loss', 'mae'\], so the run would not "
+     r"compute it; add it there, or gate on one of those")),
     ("regression", {"metrics": ["loss", "accuracy", "auc"]},
      (r"evaluation.metrics \['accuracy', 'auc'\] do not fit model.task regression; it computes "
      r"\['loss', 'mae', 'rmse', 'r2'\]")),

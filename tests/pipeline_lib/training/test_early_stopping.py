@@ -123,7 +123,7 @@ def test_defaults_on_with_a_ceiling_of_100_epochs_and_the_gate_metric():
 
 @pytest.mark.parametrize("task,metric,fits", [
     ("classification", "auc", "['loss', 'accuracy']"),
-    ("regression", "accuracy", "['loss', 'mae', 'rmse']"),
+    ("regression", "accuracy", "['loss', 'mae', 'rmse', 'r2']"),
 ])
 def test_a_metric_the_trainer_does_not_compute_is_a_config_error_naming_it(task, metric, fits):
     with pytest.raises(ConfigError) as error:
