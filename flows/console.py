@@ -189,13 +189,13 @@ def summary_event(summary: PipelineSummary) -> RunSummary:
     """The end of a `tfdag run`: the table's rows and the `tfdag |` lines, from the same values."""
     metrics = ", ".join(f"{k}: {v:.4f}" for k, v in summary.metrics.items())
     blessed = str(summary.blessed).lower()
-    lines = ["", f"tfdag | {summary.pipeline} | {metrics}",
+    trivial = ", ".join(f"{k}: {v:.4f}" for k, v in summary.baseline_metrics.items())
+    beside = f" | trivial model ({summary.baseline_model}): {trivial}" if summary.baseline_model else ""
+    lines = ["", f"tfdag | {summary.pipeline} | {metrics}{beside}",
              f"tfdag | MLflow run {summary.mlflow_run_id} in experiment {summary.experiment!r} ({summary.mlflow_uri})"]
     final_step = str(summary.final_step) + (f" (stopped early: {summary.stop_reason})" if summary.stopped_early else "")
     rows = [("metrics", metrics)]
     if summary.baseline_model:
-        trivial = ", ".join(f"{k}: {v:.4f}" for k, v in summary.baseline_metrics.items())
-        lines.insert(2, f"tfdag | trivial model ({summary.baseline_model}) | {trivial}")
         rows.append(("trivial model", f"{trivial} ({summary.baseline_model})"))
     rows += [("final step", final_step),
              ("training", f"{summary.strategy}, {summary.num_workers} worker(s), {summary.num_replicas} replica(s)"),

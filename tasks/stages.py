@@ -183,10 +183,9 @@ def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, plots_
         create_table_artifact([{"slice": r.key, "examples": r.num_examples,
                                 **{k: round(v, 6) for k, v in r.metrics.items()}} for r in report.slices],
                               key=_key(f"{config.name}-evaluation-slices"), description="Metrics per slice")
-    get_run_logger().info("evaluation: %s", json.dumps({k: round(v, 4) for k, v in report.metrics.items()}))
-    if report.baseline_model:
-        get_run_logger().info("trivial model (%s): %s", report.baseline_model,
-                              json.dumps({k: round(v, 4) for k, v in report.baseline.items()}))
+    trivial = (f" | trivial model ({report.baseline_model}): "
+               f"{json.dumps({k: round(v, 4) for k, v in report.baseline.items()})}" if report.baseline_model else "")
+    get_run_logger().info("evaluation: %s%s", json.dumps({k: round(v, 4) for k, v in report.metrics.items()}), trivial)
     return report
 
 
