@@ -93,8 +93,7 @@ def decide(value: float | None, gate: GateConfig, min_improvement: float = 0.0, 
                     else "")
             return verdict(False, f"does not beat the trivial model: {comparison} "
                                   f"(evaluation.gate.beat_baseline, baseline_margin){also}")
-        passed = f"beats the trivial model: {comparison}" + (
-            f"; reaches {threshold_text(threshold, direction)}" if threshold is not None else "")
+        passed += f"; beats {trivial} {baseline_value:.4f} on the same eval split ({how})"
     if not has_champion:
         return verdict(True, f"{passed}; no champion yet")
     if not _is_number(champion_value):

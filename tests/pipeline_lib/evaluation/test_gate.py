@@ -133,8 +133,11 @@ def test_the_gate_blesses_only_a_model_that_beats_the_trivial_one_and_names_both
                               "(evaluation.gate.beat_baseline, baseline_margin)")
     assert not gate.decide(77.0, rmse, baseline_value=77.0).blessed  # a tie with the trivial model is no win
     blessed = gate.decide(55.0, rmse, baseline_value=77.0, baseline_model="train mean 152.1")
-    assert blessed.blessed and blessed.reason.startswith("beats the trivial model: rmse 55.0000 vs the trivial model")
-    assert blessed.reason.endswith("; no champion yet")
+    assert blessed.blessed and blessed.reason == (
+        "rmse 55.0000; beats the trivial model (train mean 152.1) 77.0000 on the same eval split (+22.0000 in the "
+        "lower-is-better direction; needs > 0); no champion yet")
+    with_threshold = gate.decide(55.0, rmse.model_copy(update={"threshold": 60.0}), baseline_value=77.0)
+    assert with_threshold.reason.startswith("rmse 55.0000 reaches ≤ 60; beats the trivial model 77.0000")
     # A margin, and the switch.
     assert not gate.decide(70.0, rmse.model_copy(update={"baseline_margin": 10.0}), baseline_value=77.0).blessed
     assert gate.decide(80.0, rmse.model_copy(update={"beat_baseline": False}), baseline_value=77.0).blessed
