@@ -50,7 +50,7 @@ PREFECT_SECRET_SCHEME = prefect_secrets.SCHEME
 class PipelineSummary(BaseModel):
     """What one pipeline run returns (and `tfdag run --json` prints)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, protected_namespaces=())  # fields model_name, model_validated
 
     pipeline: str
     run_name: str

@@ -12,9 +12,10 @@ import tempfile
 
 VERBOSE_ENV = "TFDAG_VERBOSE"
 # Python loggers whose INFO lines are start-up or bookkeeping chatter, not progress: TensorFlow's absl
-# ("Sharding callback duration"), MLflow's system-metrics monitor and store migrations, HTTP clients.
-CHATTY_LOGGERS = ("absl", "mlflow.system_metrics", "mlflow.store.db.utils", "alembic", "httpx", "httpcore",
-                  "urllib3")
+# ("Sharding callback duration"), TensorFlow's ("Assets written to" on every SavedModel export), MLflow's
+# system-metrics monitor, store migrations and input-example check, HTTP clients.
+CHATTY_LOGGERS = ("absl", "tensorflow", "mlflow.system_metrics", "mlflow.store.db.utils", "mlflow.pyfunc",
+                  "alembic", "httpx", "httpcore", "urllib3")
 
 
 def is_verbose() -> bool:

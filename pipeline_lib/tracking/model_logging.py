@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import tempfile
@@ -201,8 +202,10 @@ def register_model(tracking_uri: str, logged: LoggedModel, registered_name: str,
     """Register a logged model as the next version of `registered_name`, with tags (credential-like dropped)."""
     import mlflow
 
-    with global_tracking_uri(tracking_uri):
+    # register_model prints "Successfully registered model ..." to stderr; the log line below says it once.
+    with global_tracking_uri(tracking_uri), contextlib.redirect_stderr(io.StringIO()) as printed:
         version_info = mlflow.register_model(logged.model_uri, registered_name)
+    logger.debug("mlflow.register_model: %s", printed.getvalue().strip())
     version = int(version_info.version)
     client = create_client(tracking_uri)
     for name, value in clean_tags(tags).items():
