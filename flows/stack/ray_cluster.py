@@ -77,6 +77,11 @@ def start_ray_cluster(num_nodes: int, *, env: Mapping[str, str] | None = None, n
     node_env = dict(os.environ if env is None else env)
     node_env["RAY_USAGE_STATS_ENABLED"] = "0"
     node_env.pop("RAY_ADDRESS", None)
+    # One authentication mode for every node: left unset, `ray start --head` turns token auth on when
+    # ~/.ray/auth_token exists (a local `ray.init()` writes one) while `ray start --address` stays off, and every
+    # node is then refused by the head ("InvalidAuthToken"). The cluster is on loopback only; RAY_AUTH_MODE=token
+    # in the environment is kept.
+    node_env.setdefault("RAY_AUTH_MODE", "disabled")
     node_args = ("--node-ip-address", RAY_HOST, "--num-cpus", str(num_cpus), "--object-store-memory",
                  str(80 * 2**20), "--temp-dir", temp_dir, "--disable-usage-stats")
     record = RayClusterRecord(address=f"{RAY_HOST}:{gcs_port}", dashboard_url=f"http://{RAY_HOST}:{dashboard_port}",
