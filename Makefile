@@ -24,9 +24,9 @@ demo: $(STAMP)
 	@echo "Open the MLflow UI on this store:"
 	@echo "  $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/.tfdag/mlflow.db --host 127.0.0.1 --port 5000"
 
-## Run the test suite (unit, multi-replica, multi-worker, flow and server tests) in 3 processes (pytest-xdist; tests
+## Run the test suite (unit, multi-replica, multi-worker, flow and server tests) in 2 processes (pytest-xdist; tests
 ## sharing a session fixture stay in one process, see tests/conftest.py) and print the 25 slowest tests.
-PYTEST_ARGS ?= -n 3 --dist loadgroup --durations=25
+PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=25
 test: $(STAMP)
 	./.ci/install-test-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS) tests
