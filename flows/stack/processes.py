@@ -21,7 +21,11 @@ from pydantic import BaseModel, ConfigDict
 
 logger = logging.getLogger(__name__)
 
-_START_TIME_SLACK_S = 0.05
+# psutil's start time is the boot time (/proc/stat's `btime`, whole seconds derived from the wall clock) plus
+# ticks since boot; `btime` moves by a second when the clock is stepped (VM clock syncs), so a live service read
+# twice can differ by about 1 s. A pid reused by another process within 2 s of the first one's start is
+# not a case that happens: the kernel hands pids out in a cycle.
+_START_TIME_SLACK_S = 2.0
 
 
 class StackError(RuntimeError):

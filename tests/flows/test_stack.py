@@ -58,6 +58,17 @@ def test_stop_process_stops_the_recorded_process_and_its_children(tmp_path):
     assert stack.stop_process(record) == f"parent (pid {record.pid}) was not running"
 
 
+def test_a_start_time_read_a_second_apart_is_the_same_process(tmp_path):
+    """/proc/stat's btime moves by a whole second when a VM's clock is stepped: `up` once saw a healthy-to-be
+    MLflow server as "exited" because its start time, read twice, differed by that second."""
+    record = _start(tmp_path)
+    try:
+        for shift in (-1.0, 1.0):
+            assert stack.find_process(record.model_copy(update={"create_time": record.create_time + shift}))
+    finally:
+        stack.stop_process(record)
+
+
 def test_a_record_whose_start_time_differs_is_never_stopped(tmp_path):
     """A pid reused by another process after the stack died must not be killed by `down`."""
     record = _start(tmp_path)
