@@ -3,10 +3,10 @@ it in a fresh process → gate → track (register)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import time
 from pathlib import Path
-from typing import Any
 
 from pipeline_lib.core.quiet import import_tensorflow
 
@@ -20,10 +20,12 @@ from prefect.exceptions import TerminationSignal
 from prefect.states import Completed, State
 from pydantic import BaseModel, ConfigDict
 
-from pipeline_lib.config import ConfigError, PipelineConfig, resolve_config
-from pipeline_lib.config.pipeline import is_inline
+from flows.flow_config import load_flow_config
+from pipeline_lib.cluster.report import ClusterReport
+from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import events, runs, storage
 from pipeline_lib.data import demo as demo_data
+from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.data.statistics import load_statistics
 from pipeline_lib.evaluation import slicing
 from pipeline_lib.evaluation.metrics import load_model
@@ -35,16 +37,13 @@ from pipeline_lib.tracking.baseline import baseline_artifacts
 from pipeline_lib.tracking.params import pipeline_params
 from pipeline_lib.tracking.run import RunStatus
 from pipeline_lib.training import strategy
-from tasks import secrets as prefect_secrets
+from pipeline_lib.training.results import TrainResult
 from tasks import stages
 from tasks.retrain import evaluate_champion, find_champion
 
 DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "examples" / "digits.yaml")
 # The name of the Completed state of a pipeline run whose model the gate did not bless.
 NOT_BLESSED_STATE = "Not blessed"
-# Imported above, tasks.secrets makes `${prefect-secret:NAME}` references (Prefect Secret blocks) resolvable in a
-# flow's process; the launchers hand the values on to the worker processes (PipelineConfig.for_process).
-PREFECT_SECRET_SCHEME = prefect_secrets.SCHEME
 
 
 class PipelineSummary(BaseModel):
@@ -186,14 +185,25 @@ def end_tracking_run(config: PipelineConfig, run_id: str | None, status: RunStat
         get_run_logger().warning("MLflow run %s could not be ended %s: %s", run_id, status.value, error)
 
 
-def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[str, str]) -> PipelineSummary:
-    run_name = runs.new_run_name(config.name)
-    run_dir = progress.run_dir = runs.run_dir_for(config.output_root, run_name)
-    flow_run_id = str(runtime.flow_run.id or "")
-    tags = {"prefect_flow_run_id": flow_run_id, "tfdag_run_name": run_name,
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What every training run of a flow shares, made once: the converted data, the cluster report, and the MLflow
+    run the data's statistics went to (None without tracking)."""
+
+    manifest: Manifest
+    cluster_report: ClusterReport
+    run_id: str | None
+
+
+def run_tags(run_name: str, extra_tags: dict[str, str]) -> dict[str, str]:
+    """The tags of a flow's MLflow run: the Prefect flow run, the run name, where the code came from."""
+    return {"prefect_flow_run_id": str(runtime.flow_run.id or ""), "tfdag_run_name": run_name,
             **lineage.source_tags(runtime.flow_run.flow_name, runtime.deployment.name, lineage.git_commit()),
             **extra_tags}
 
+
+def prepare(config: PipelineConfig, progress: _Progress, run_name: str, tags: dict[str, str]) -> Prepared:
+    """The stages before training: storage check, the MLflow run, conversion, data and cluster validation."""
     progress("check_storage")
     demo_data.ensure_demo_source(config.data)
     stages.check_storage(config)
@@ -209,11 +219,28 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
         stages.validate_data(config, manifest, run_id)
     progress("validate_cluster")
     cluster_report = stages.validate_cluster(config)
+    return Prepared(manifest, cluster_report, run_id)
+
+
+def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[str, str]) -> PipelineSummary:
+    run_name = runs.new_run_name(config.name)
+    run_dir = progress.run_dir = runs.run_dir_for(config.output_root, run_name)
+    tags = run_tags(run_name, extra_tags)
+    prepared = prepare(config, progress, run_name, tags)
+    manifest, run_id = prepared.manifest, prepared.run_id
     progress("plan_shards")
     plan = stages.plan_shards(config, manifest, strategy.replicas_per_worker(config.train))
-
     progress("train")
     train_result = stages.train(config, manifest, plan, run_dir, run_id)
+    return finish_model(config, progress, prepared, plan, train_result, run_name, run_dir, run_id, tags, logger)
+
+
+def finish_model(config: PipelineConfig, progress: _Progress, prepared: Prepared, plan: sharding.ShardPlan,
+                 train_result: TrainResult, run_name: str, run_dir: str, run_id: str | None, tags: dict[str, str],
+                 logger) -> PipelineSummary:
+    """The stages after training, for the model `train_result` left in `run_dir`: consolidation, evaluation, the
+    champion, the model's log and check, the gate, tracking (into `run_id`) and registration."""
+    manifest, cluster_report = prepared.manifest, prepared.cluster_report
     progress("consolidate_checkpoints")
     export = stages.consolidate_checkpoints(config, manifest, train_result, storage.join(run_dir, "export"))
     progress("evaluate")
@@ -325,51 +352,6 @@ def final_state(summary: PipelineSummary) -> PipelineSummary | State:
     if summary.blessed:
         return summary
     return Completed(name=NOT_BLESSED_STATE, message=f"trained, not blessed: {summary.gate.reason}", data=summary)
-
-
-def refuse_recorded_secrets(found: list[str], parameter: str, masked_parameters: dict[str, Any]) -> None:
-    """Fail the flow run, before any stage, when its recorded parameters hold a literal secret.
-
-    Prefect records a flow run's parameters before any flow code runs, and an inline config (YAML text or a
-    mapping) as it was given. The recorded parameters are replaced by `masked_parameters` first (best effort: the
-    error is what matters).
-
-    Args:
-        found: the key paths of the literal secrets (empty: nothing to refuse).
-        parameter: the parameter that holds them, as the message names it.
-        masked_parameters: every parameter of the run, the secrets masked.
-
-    Raises:
-        ConfigError: one line naming the keys, why, and the two references that work.
-    """
-    if not found:
-        return
-    try:
-        prefect_secrets.replace_recorded_parameters(masked_parameters)
-        replaced = "; the recorded copy was replaced by its masked form"
-    except Exception as error:  # noqa: BLE001 - see the docstring
-        replaced = f"; replacing the recorded copy failed ({type(error).__name__})"
-    raise ConfigError(
-        f"{parameter} holds a literal secret at {', '.join(found)}: Prefect records the flow run's parameter as it was "
-        f"given (inline YAML, a mapping, overrides){replaced}; write the secret as a \"${{VARIABLE}}\" reference or a "
-        f"\"${{{PREFECT_SECRET_SCHEME}:BLOCK_NAME}}\" reference to a Prefect Secret block, or pass the path of a "
-        "YAML file (or a PipelineConfig from Python) instead")
-
-
-def load_flow_config(config: PipelineConfig | str) -> PipelineConfig:
-    """The `config` parameter of the training-pipeline flow as a PipelineConfig, refused (refuse_recorded_secrets)
-    when Prefect recorded it inline with a literal secret.
-
-    What Prefect recorded decides, not the argument: Prefect validates a mapping into a PipelineConfig before the
-    flow runs, and records a PipelineConfig masked but a mapping as it was given.
-    """
-    recorded = prefect_secrets.recorded_parameters() or {"config": config}
-    given = recorded.get("config", config)
-    if is_inline(given):
-        inline = resolve_config(given)
-        masked = inline.masked_yaml() if isinstance(given, str) else inline.model_dump(mode="json", by_alias=True)
-        refuse_recorded_secrets(inline.literal_secrets(), "config", {**recorded, "config": masked})
-    return resolve_config(config)
 
 
 @flow(name="training-pipeline", log_prints=True)

@@ -21,12 +21,12 @@ from prefect.exceptions import TerminationSignal
 from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.flow_config import refuse_recorded_secrets
 from flows.pipeline import (
     DEFAULT_CONFIG,
     PipelineSummary,
     end_tracking_run,
     final_state,
-    refuse_recorded_secrets,
     run_pipeline,
 )
 from pipeline_lib.config import ConfigError, PipelineConfig, resolve_config

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @flow(name="open-storage-with-a-secret-block")
 def open_storage(config: str) -> int:
     """The training pipeline's own parameter handling and its first two tasks: the storage check and conversion."""
-    from flows.pipeline import load_flow_config
+    from flows.flow_config import load_flow_config
     from tasks import stages
 
     loaded = load_flow_config(config)
