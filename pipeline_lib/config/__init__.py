@@ -1,7 +1,8 @@
 """Pipeline configuration: frozen pydantic models loaded from one YAML file per pipeline.
 
 One module per concern: `base` (the error, enums and shared rules), `data`, `train`, `ray` (the Ray launcher's
-section of `train`), `evaluation`, `run` (tracking, observability, validation, preflight) and `pipeline`
+section of `train`), `evaluation`, `run` (tracking, observability, validation, preflight), `tune` (the search space
+and a trial's binding to its study), `tune_space` (a space against the config it tunes) and `pipeline`
 (`PipelineConfig` and loading it). Everything is imported from here: `from pipeline_lib.config import PipelineConfig`.
 """
 
@@ -67,4 +68,16 @@ from pipeline_lib.config.train import (  # noqa: F401
     Launcher,
     ModelConfig,
     TrainConfig,
+)
+from pipeline_lib.config.tune import (  # noqa: F401
+    Choice,
+    Distribution,
+    IntRange,
+    LogUniform,
+    Pruner,
+    Sampler,
+    TrialBinding,
+    TuneConfig,
+    Uniform,
+    choice_key,
 )

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SerializationInfo,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from pipeline_lib.config.base import DEFAULT_ROOT, ConfigError, SecretSettings, _Frozen
 from pipeline_lib.config.data import DataConfig
@@ -23,6 +30,8 @@ from pipeline_lib.config.run import (
     ValidationConfig,
 )
 from pipeline_lib.config.train import ModelConfig, TrainConfig
+from pipeline_lib.config.tune import TrialBinding, TuneConfig
+from pipeline_lib.config.tune_space import check_tune
 from pipeline_lib.core import storage
 from pipeline_lib.core.secrets import SecretEnv, mask_url_passwords, secrets_context
 
@@ -39,6 +48,10 @@ class PipelineConfig(_Frozen):
     preflight: PreflightConfig = PreflightConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
     validation: ValidationConfig = ValidationConfig()
+    tune: TuneConfig | None = None  # a hyperparameter search (`tfdag tune`); None: no search
+    # Set by the tuning runner (`tuning.runner`) in each trial's config, never by a user: where the trial's chief
+    # reports its evaluations.
+    tune_trial: TrialBinding | None = None
 
     @model_validator(mode="after")
     def _task_defaults_and_rules(self) -> PipelineConfig:
@@ -48,7 +61,18 @@ class PipelineConfig(_Frozen):
         if evaluation is not self.evaluation:
             object.__setattr__(self, "evaluation", evaluation)  # frozen: set once, here, while validating
         self.train.early_stopping.check_metric(self.model.task)
+        if self.tune is not None or self.tune_trial is not None:
+            check_tune(self)  # the space against this config: every path and every end of every range
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any, info: SerializationInfo) -> dict[str, Any]:
+        # A config without a search dumps (and hashes) as it did before `tune` existed.
+        data = handler(self)
+        for key in ("tune", "tune_trial"):
+            if data.get(key, False) is None:
+                del data[key]
+        return data
 
     @property
     def mlflow_uri(self) -> str:

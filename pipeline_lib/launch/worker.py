@@ -4,8 +4,8 @@ A worker reads TF_CONFIG from the environment and a `WorkerSpec` JSON from a pat
 the CPU into logical devices before TensorFlow starts, runs the cross-worker preflight when the config enables
 it, then either trains (the chief and the workers of a synchronous strategy, the chief/coordinator
 under parameter_server) or serves (ps and worker tasks under parameter_server). It is the composition root of
-a training process: it wires the metrics sink, heartbeats, SIGTERM handling and (in tests only) fault injection
-into the training loop.
+a training process: it wires the metrics sink, heartbeats, SIGTERM handling, a tuning trial's pruner (its chief) and
+(in tests only) fault injection into the training loop.
 
 Exit codes:
     0: training finished (the chief wrote `<run_dir>/result.json`).
@@ -54,6 +54,7 @@ from pipeline_lib.launch.spec import (
 from pipeline_lib.tracking.sinks import create_sink, system_metrics
 from pipeline_lib.training import loop as training
 from pipeline_lib.training import strategy as strategies
+from pipeline_lib.training.early_stopping import StopRule
 from pipeline_lib.training.errors import TrainingInterrupted
 from pipeline_lib.training.hooks import Execution, Phase, TrainHooks
 from pipeline_lib.training.profiling import start_profiler_server
@@ -180,6 +181,16 @@ def _start_metrics(spec: WorkerSpec, config: PipelineConfig, cluster: ClusterInf
     return metrics
 
 
+def _create_pruning(config: PipelineConfig, cluster: ClusterInfo) -> StopRule | None:
+    """The chief of a tuning trial (`tune_trial` set): its pruner, reporting to the trial's study; else None. Only
+    then is the tuning package (and Optuna) imported: other workers and every other run never load it."""
+    if config.tune_trial is None or not cluster.is_chief:
+        return None
+    from pipeline_lib.tuning.pruning import TrialPruning
+
+    return TrialPruning.open(config)
+
+
 def _write_result(run_dir: str, result: TrainResult, storage_options: dict) -> None:
     fs, path = storage.get_fs(storage.join(run_dir, RESULT_NAME), storage_options)
     storage.write_bytes_atomic(fs, path, result.model_dump_json(indent=2).encode())
@@ -232,10 +243,11 @@ def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None, *, config: 
                        is_chief=cluster.is_chief)
     sink = EvalOnHeartbeat(sink, heartbeat)
     run_id = spec.mlflow_run_id if config.tracking.enabled else None
+    pruning = _create_pruning(config, cluster)
     try:
         with system_metrics(run_id, config.mlflow_uri, is_chief=cluster.is_chief):
             result = training.train(config, manifest, spec.plan, spec.run_dir, cluster=cluster, metrics_sink=sink,
-                                    hooks=hooks, strategy_choice=choice)
+                                    hooks=hooks, strategy_choice=choice, stop_rule=pruning)
     except TrainingInterrupted as interrupted:
         print(f"tfdag worker | {cluster.name} preempted at step {interrupted.step}; checkpoint "
               f"{interrupted.checkpoint_path}; "

@@ -11,7 +11,7 @@ from pipeline_lib.checkpoints import layout
 from pipeline_lib.checkpoints.records import TRAIN_LOSS_METRIC, CheckpointRecord
 from pipeline_lib.config import TrainConfig
 from pipeline_lib.training.agreement import GroupStop
-from pipeline_lib.training.early_stopping import EarlyStop, EarlyStopping
+from pipeline_lib.training.early_stopping import EarlyStop, EarlyStopping, StopRule
 from pipeline_lib.training.errors import TrainingInterrupted
 from pipeline_lib.training.hooks import Execution, Phase, TrainHooks
 from pipeline_lib.training.profiling import ProfileWindow
@@ -27,7 +27,8 @@ class LoopController:
 
     `steps_to_next` bounds each run of steps by the next log step, the next checkpoint step and the end;
     `after_execution` calls the step hooks, logs, checkpoints and honours what the group agreed: a stop request
-    or the chief's early stop (`early_stopping` observes each evaluation); `finish` saves the last step. A
+    or the chief's early stop (`early_stopping` observes each evaluation, and so does `stop_rule`, a tuning trial's
+    pruner, whose stop ends training the same way); `finish` saves the last step. A
     checkpoint is evaluated (chief) after `store.save` writes it and then published; `before_save` runs first
     (the parameter-server coordinator's join, so the saved variables hold every scheduled step). The hooks hear
     each phase change: SAVING around a checkpoint, FINISHING from the last step on.
@@ -39,7 +40,8 @@ class LoopController:
     def __init__(self, train_config: TrainConfig, total_steps: int, global_batch: int, state: TrainingState,
                  hooks: TrainHooks, progress: ProgressLogger, evaluate: Callable[[], dict[str, float]] | None,
                  before_save: Callable[[], None] | None = None, restored_loss: float = float("nan"),
-                 profile: ProfileWindow | None = None, early_stopping: EarlyStopping | None = None):
+                 profile: ProfileWindow | None = None, early_stopping: EarlyStopping | None = None,
+                 stop_rule: StopRule | None = None):
         self.config, self.total_steps, self.global_batch = train_config, total_steps, global_batch
         self.state, self.hooks, self.progress = state, hooks, progress
         self.evaluate, self.before_save = evaluate, before_save
@@ -52,7 +54,9 @@ class LoopController:
         if profile is not None:
             profile.at(self.step)
         self.early_stopping = early_stopping
-        self.early_stop: EarlyStop | None = None  # set when the group agreed to stop early
+        # Not replayed on a restore: its outcome may depend on what other processes did since (a pruner's study).
+        self.stop_rule = stop_rule
+        self.early_stop: EarlyStop | None = None  # set when the group agreed to stop early (or a pruner's stop)
         if early_stopping is not None:
             early_stopping.replay(state.restored)
             self.early_stop = early_stopping.outcome()
@@ -103,17 +107,21 @@ class LoopController:
             return
         if step % self.config.checkpoint_every_steps == 0:
             self._save_checkpoint(step)
-        # Early stopping decides at an evaluation, which is a checkpoint (the chief's; other workers' never stop).
+        # Early stopping decides at an evaluation, which is a checkpoint (the chief's; other workers' never stop);
+        # patience first, so a trial that would have stopped anyway is not counted as pruned.
         early = None
-        if self.early_stopping is not None and self._last_saved == step:
-            early = self.early_stopping.outcome()
+        if self._last_saved == step:
+            if self.early_stopping is not None:
+                early = self.early_stopping.outcome()
+            if early is None and self.stop_rule is not None:
+                early = self.stop_rule.outcome()
         agreed = agree(early)
         if agreed.requested:
             record = self._save_checkpoint(step) if self._last_saved != step else None
             raise TrainingInterrupted(step, record.path if record is not None else
                                       layout.prefix_for(self.state.run_storage.local_checkpoint_dir, step))
         if agreed.early:
-            self._stop_early(agreed)
+            self._stop_early(agreed, early)
             return
         self._execution_started = time.monotonic()  # the next execution's time starts after this bookkeeping
 
@@ -123,13 +131,21 @@ class LoopController:
         if self._last_saved != self.step:
             self._save_checkpoint(self.step)
 
-    def _stop_early(self, agreed: GroupStop) -> None:
+    def _stop_early(self, agreed: GroupStop, own: EarlyStop | None) -> None:
         """Every worker: record the early stop the group agreed (its best step and value, the same everywhere) and
-        finish at this step (saved already: the stop is decided at an evaluation, which is a checkpoint)."""
-        assert self.early_stopping is not None
-        reason = self.early_stopping.describe(agreed.best_step, agreed.best_value)
-        self.early_stop = EarlyStop(agreed.best_step, agreed.best_value, reason)
-        logger.info("early stop at step %d of %d: %s", self.step, self.total_steps, reason)
+        finish at this step (saved already: the stop is decided at an evaluation, which is a checkpoint). The chief
+        made the stop (`own`) and keeps its reason; the other workers describe it from what was agreed."""
+        if own is not None and own.pruned == agreed.pruned:
+            reason = own.reason
+        elif agreed.pruned:
+            reason = (f"pruned by the tuning trial's pruner at step {self.step}; best {agreed.best_value:.4g} at step "
+                      f"{agreed.best_step}")
+        else:
+            assert self.early_stopping is not None
+            reason = self.early_stopping.describe(agreed.best_step, agreed.best_value)
+        self.early_stop = EarlyStop(agreed.best_step, agreed.best_value, reason, pruned=agreed.pruned)
+        logger.info("%s at step %d of %d: %s", "pruned" if agreed.pruned else "early stop", self.step,
+                    self.total_steps, reason)
         self.finish()
 
     def _enter(self, phase: Phase) -> None:
@@ -160,6 +176,8 @@ class LoopController:
             self.progress.log_eval(at_step, metrics)
             if self.early_stopping is not None:
                 self.early_stopping.observe(at_step, metrics)
+            if self.stop_rule is not None:
+                self.stop_rule.observe(at_step, metrics)
             return {**metrics, TRAIN_LOSS_METRIC: train_loss} if math.isfinite(train_loss) else metrics
 
         started = time.monotonic()

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Mapping
+from typing import Protocol
 
 import tensorflow as tf
 
@@ -65,11 +66,24 @@ class PatienceState(tf.Module):
 
 @dataclasses.dataclass(frozen=True)
 class EarlyStop:
-    """Early stopping ended training: the best evaluation's step and value, and why, in words."""
+    """Early stopping ended training: the best evaluation's step and value, and why, in words. `pruned`: the stop
+    came from a tuning trial's pruner (a `StopRule`), not from patience."""
 
     best_step: int
     best_value: float
     reason: str
+    pruned: bool = False
+
+
+class StopRule(Protocol):
+    """A rule besides patience that the chief applies at each evaluation: a tuning trial's pruner
+    (`tuning.pruning`). `observe` sees every evaluation's metrics; `outcome`, asked after an evaluation on the
+    checkpoint cadence, is the stop it calls for (an EarlyStop with `pruned` set), which the group agrees on and
+    leaves at like an early stop. Only the chief has one."""
+
+    def observe(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def outcome(self) -> EarlyStop | None: ...
 
 
 def improved(value: float, reference: float, direction: Direction, min_delta: float) -> bool:

@@ -24,7 +24,7 @@ from pipeline_lib.training import epochs, input_pipeline, staging
 from pipeline_lib.training import strategy as strategies
 from pipeline_lib.training.agreement import StopAgreement
 from pipeline_lib.training.controller import LoopController
-from pipeline_lib.training.early_stopping import EarlyStopping
+from pipeline_lib.training.early_stopping import EarlyStopping, StopRule
 from pipeline_lib.training.errors import TrainingError
 from pipeline_lib.training.evaluator import Evaluator
 from pipeline_lib.training.hooks import MetricsSink, NullSink, TrainHooks
@@ -53,6 +53,7 @@ def train(
     metrics_sink: MetricsSink | None = None,
     hooks: TrainHooks | None = None,
     strategy_choice: strategies.StrategyChoice | None = None,
+    stop_rule: StopRule | None = None,
 ) -> TrainResult:
     """Train the configured model on the plan's shards under the configured strategy.
 
@@ -70,6 +71,8 @@ def train(
         metrics_sink: where the chief logs metrics; default discards them.
         hooks: step callbacks (heartbeats, fault injection, preemption).
         strategy_choice: a strategy already built in this process; default built from the config.
+        stop_rule: a rule the chief applies at each evaluation besides early stopping (a tuning trial's pruner,
+            `tuning.pruning`); its stop ends training at an agreed step like an early stop. Only the chief's counts.
 
     Returns:
         The TrainResult (on every worker; only the chief's lists checkpoints).
@@ -127,7 +130,8 @@ def train(
     controller = LoopController(train_config, plan.total_steps, global_batch, state, hooks, progress, evaluate,
                                 before_save=coordinator.join if coordinator is not None else None,
                                 restored_loss=restored.get(TRAIN_LOSS_METRIC, math.nan), profile=profile,
-                                early_stopping=early_stopping)
+                                early_stopping=early_stopping,
+                                stop_rule=stop_rule if cluster.is_chief else None)
     try:
         try:
             if coordinator is None:
@@ -152,6 +156,7 @@ def train(
     _check_final_loss(controller, state)
     run_storage = state.run_storage
     early_stop = controller.early_stop
+    pruned = early_stop is not None and early_stop.pruned
     return TrainResult(
         run_dir=run_dir,
         strategy=choice.kind.value,
@@ -176,10 +181,11 @@ def train(
         start_step=state.start_step,
         is_chief=cluster.is_chief,
         early_stopping_metric=early_stopping.metric if train_config.early_stopping.enabled else None,
-        stopped_early=early_stop is not None,
+        stopped_early=early_stop is not None and not pruned,
         stopped_at_step=controller.step if early_stop is not None else None,
         best_step=early_stop.best_step if early_stop is not None else early_stopping.best_step,
         stop_reason=early_stop.reason if early_stop is not None else early_stopping.ceiling_reason(plan.total_steps),
+        pruned=pruned,
     )
 
 

@@ -69,9 +69,12 @@ class TrainResult(BaseModel):
     is_chief: bool = True
     # Early stopping (`train.early_stopping`): the checkpoint metric it watched (None when disabled); whether it
     # ended training and at which step (final_step); its best evaluation's step (None before any); why training
-    # ended, in words (an early stop, or the planned steps).
+    # ended, in words (an early stop, a tuning trial's pruner, or the planned steps).
     early_stopping_metric: str | None = None
     stopped_early: bool = False
     stopped_at_step: int | None = None
     best_step: int | None = None
     stop_reason: str = ""
+    # A tuning trial's pruner ended training (`tuning.pruning`) at stopped_at_step: not an early stop (stopped_early
+    # stays False); best_step is then the best evaluation of the tuned metric.
+    pruned: bool = False

@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("data", "planning", "cluster"),
     ("checkpoints",),
     ("training", "serving"),
-    ("evaluation", "tracking"),
+    ("evaluation", "tracking", "tuning"),
     ("launch", "prediction"),
     ("reproduce",),
     ("testing",),

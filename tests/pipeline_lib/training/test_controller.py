@@ -1,15 +1,18 @@
-"""Tests for pipeline_lib.training.controller: executions bounded by log and checkpoint steps, stop requests."""
+"""Tests for pipeline_lib.training.controller: executions bounded by log and checkpoint steps, stop requests, a
+tuning trial's prune (and the agreement that carries it)."""
 
 from __future__ import annotations
 
 import types
 
 import pytest
+import tensorflow as tf
 
 from pipeline_lib.checkpoints.records import CheckpointRecord
 from pipeline_lib.config import Direction, TrainConfig
-from pipeline_lib.training.agreement import GroupStop
+from pipeline_lib.training.agreement import GroupStop, StopAgreement
 from pipeline_lib.training.controller import LoopController
+from pipeline_lib.training.early_stopping import EarlyStop
 from pipeline_lib.training.errors import TrainingInterrupted
 from pipeline_lib.training.hooks import TrainHooks
 from pipeline_lib.training.step import StepOutputs
@@ -105,3 +108,53 @@ def test_a_resumed_run_does_not_save_its_start_step_again():
     controller, state, _, _ = _controller(start_step=25)
     controller.finish()
     assert state.store.saved == []
+
+
+# --- a tuning trial's pruner (a StopRule) ----------------------------------------------------------------------------
+
+class _PruneAt:
+    """A stop rule that prunes at its first evaluation at or after step `at`."""
+
+    def __init__(self, at):
+        self.at, self.seen, self.stop = at, [], None
+
+    def observe(self, step, metrics):
+        self.seen.append(step)
+        if step >= self.at and self.stop is None:
+            self.stop = EarlyStop(step, metrics["eval_accuracy"], f"pruned at step {step}", pruned=True)
+
+    def outcome(self):
+        return self.stop
+
+
+def test_a_prune_ends_training_at_the_agreed_evaluation_like_an_early_stop():
+    controller, state, _, _ = _controller(total_steps=50)
+    rule = controller.stop_rule = _PruneAt(20)
+    agree = StopAgreement(types.SimpleNamespace(num_workers=1), TrainHooks())  # one worker: nothing exchanged
+    while not controller.is_done:
+        controller.after_execution(_outputs(controller.steps_to_next(100)), agree)
+    assert controller.step == 20 and state.store.saved == [10, 20] and rule.seen == [10, 20]
+    stop = controller.early_stop
+    assert stop == EarlyStop(20, 0.5, "pruned at step 20", pruned=True)
+
+
+def test_a_worker_that_did_not_prune_records_the_agreed_prune():
+    controller, _, _, _ = _controller(total_steps=50)
+    controller.after_execution(_outputs(4), lambda early: GroupStop())
+    for count in (4, 2):
+        controller.after_execution(_outputs(count), lambda early: GroupStop(early=True, best_step=10, best_value=0.5,
+                                                                           pruned=True))
+    assert controller.is_done and controller.step == 10
+    assert controller.early_stop == EarlyStop(
+        10, 0.5, "pruned by the tuning trial's pruner at step 10; best 0.5 at step 10", pruned=True)
+
+
+def test_the_group_agrees_on_the_chiefs_prune_in_one_all_reduce():
+    # Two replicas of one process stand in for two workers: every replica's flags add up, the chief's (first
+    # replica's) step, value and pruned flag come through exactly.
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
+                                              cross_device_ops=tf.distribute.ReductionToOneDevice())
+    agree = StopAgreement(types.SimpleNamespace(strategy=strategy, num_workers=2), TrainHooks())
+    assert agree(None) == GroupStop()
+    assert agree(EarlyStop(40, 0.25, "pruned", pruned=True)) == GroupStop(False, True, 40, 0.25, True)
+    assert agree(EarlyStop(30, 0.5, "patience")) == GroupStop(False, True, 30, 0.5, False)
