@@ -20,6 +20,7 @@ TFRecord conversion -> shard planning -> cluster validation -> distributed train
 
   tfdag run examples/digits.yaml          the whole pipeline (a Prefect flow)
   tfdag run examples/digits.yaml --json   ... and print the summary as JSON on the last line
+  tfdag tune examples/digits_tune.yaml    tune: parallel, pruned, resumable trials; the best model gated
   tfdag convert|plan|validate|train|evaluate CONFIG   one stage alone, without Prefect
   tfdag validate-data CONFIG [--against latest|champion|RUN_ID]   check the data against a baseline run
   tfdag validate-cluster --strategy multi_worker_mirrored   check TF_CONFIG before training
@@ -54,6 +55,37 @@ def cmd_run(args: argparse.Namespace) -> int:
     with console.open_console(live=console.is_terminal(args.verbose)) as show:
         summary = training_pipeline(path)
         show(console.summary_event(summary))
+    if args.json:
+        print(summary.model_dump_json())
+    return EXIT_OK if summary.blessed else EXIT_NOT_BLESSED
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from flows.stage_inputs import load
+    from pipeline_lib.config import ConfigError
+    from pipeline_lib.core.exit_codes import EXIT_NOT_BLESSED, EXIT_OK
+    from pipeline_lib.launch.inputs import check_inputs
+
+    config = load(args.config)
+    if config.tune is None:
+        raise ConfigError(f"{args.config} has no tune: section, so there is nothing to tune; add one (tune.space at "
+                          "least: README, 'Tuning'), or run it with `tfdag run`")
+    check_inputs(config)  # the launcher, the model factory, TF_CONFIG and storage, before Prefect starts
+    from flows.prefect_api import api_from_profile
+    from flows.tune import tune_pipeline
+
+    print(f"tfdag | Prefect: {api_from_profile(args.prefect_api).describe()}", flush=True)
+    _hide_user_error_tracebacks(args.verbose)
+    summary = tune_pipeline(args.config)
+    counts = ", ".join(f"{n} {state}" for state, n in summary.trials.items())
+    best = (f"best trial {summary.best_trial.number}: {summary.metric}={summary.best_trial.value:.4f} "
+            f"{json.dumps(summary.best_trial.params)}" if summary.best_trial else "no trial completed")
+    print(f"tfdag | study {summary.study}: {counts} | {best}", flush=True)
+    if summary.model is not None:
+        from flows import console
+
+        with console.open_console(live=False) as show:
+            show(console.summary_event(summary.model))
     if args.json:
         print(summary.model_dump_json())
     return EXIT_OK if summary.blessed else EXIT_NOT_BLESSED
@@ -247,6 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("run", cmd_run, "run the whole pipeline as the Prefect flow 'training-pipeline'")
     p.add_argument("--json", action="store_true", help="print the run summary as one JSON object on the last line")
+    p = add("tune", cmd_tune, "tune the config's tune: space as the Prefect flow 'tune-pipeline' (trials in parallel, "
+            "pruned, resumable), then gate and register the best model", config=False)
+    p.add_argument("config", help="pipeline YAML file with a tune: section (e.g. examples/digits_tune.yaml)")
+    p.add_argument("--json", action="store_true", help="print the study summary as one JSON object on the last line")
     add("convert", cmd_convert, "convert the raw data to TFRecord shards with a manifest")
     p = add("plan", cmd_plan, "print the shard plan (FILE or DATA autosharding, files per worker, steps per epoch)")
     p.add_argument("--workers", type=int, default=None, help="plan for this many workers instead of train.workers")
@@ -320,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline_lib.core.quiet import quiet_python_loggers
 
     quiet_python_loggers()
-    if args.command == "run":  # the one command that runs a flow
+    if args.command in ("run", "tune"):  # the commands that run a flow
         from flows.prefect_api import choose_prefect_api
 
         # Before anything imports Prefect: its settings are read at import.

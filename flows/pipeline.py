@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from pipeline_lib.core.quiet import import_tensorflow
 
@@ -41,6 +43,7 @@ from pipeline_lib.training.results import TrainResult
 from tasks import stages
 from tasks.retrain import evaluate_champion, find_champion
 
+T = TypeVar("T")
 DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "examples" / "digits.yaml")
 # The name of the Completed state of a pipeline run whose model the gate did not bless.
 NOT_BLESSED_STATE = "Not blessed"
@@ -125,14 +128,21 @@ def run_pipeline(config: PipelineConfig, *, extra_tags: dict[str, str] | None = 
     bless ends a FINISHED run tagged `tfdag.blessed=false`; it is registered only with `tracking.register: always`,
     and never when it failed the model check before registration (`tfdag.model_validated=false`).
     """
+    return run_tracked(config, lambda progress, logger: _run(config, progress, logger, extra_tags or {}))
+
+
+def run_tracked(config: PipelineConfig, body: Callable[[_Progress, Any], T]) -> T:
+    """Run a flow's `body(progress, logger)` and end the MLflow run it started (`progress.mlflow_run_id`) as
+    `run_pipeline` says: FINISHED, FAILED with the failed stage, or KILLED; a failure also leaves a Prefect
+    artifact naming the stage and the training tasks' logs in MLflow."""
     progress = _Progress()
     logger = get_run_logger()
     try:
-        summary = _run(config, progress, logger, extra_tags or {})
+        result = body(progress, logger)
         progress("finish_tracking_run")
         end_tracking_run(config, progress.mlflow_run_id, RunStatus.FINISHED)
         progress.end()
-        return summary
+        return result
     except (KeyboardInterrupt, TerminationSignal):
         progress.end(failed=True)
         logger.error("pipeline %r stopped in stage %s", config.name, progress.stage)

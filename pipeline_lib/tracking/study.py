@@ -34,6 +34,14 @@ HISTORY_PLOT = "tune/optimization_history.png"
 IMPORTANCE_PLOT = "tune/param_importances.png"
 
 
+def value_at(config: PipelineConfig, path: str) -> Any:
+    """The value of a dotted config path (`train.base_learning_rate`, `model.params.hidden_units`) in `config`."""
+    value: Any = config.model_dump(mode="json", by_alias=True)
+    for part in path.split("."):
+        value = value[part]
+    return value
+
+
 def trial_run_name(study: str, number: int) -> str:
     return f"{study}-trial-{number}"
 
@@ -45,6 +53,17 @@ def start_trial_run(config: PipelineConfig, parent_run_id: str, study: str, numb
         **(tags or {}), PARENT_TAG: parent_run_id, STUDY_TAG: study, TRIAL_TAG: str(number)})
     tracking.log_params(run_id, config.mlflow_uri, {f"{PARAM_PREFIX}{k}": _shown(v) for k, v in params.items()})
     return run_id
+
+
+def find_trial_run(config: PipelineConfig, parent_run_id: str, number: int) -> str | None:
+    """The id of trial `number`'s run under the study's run `parent_run_id` (None: it has none, e.g. its config was
+    refused before it trained)."""
+    client = tracking.create_client(config.mlflow_uri)
+    parent = client.get_run(parent_run_id)
+    runs = client.search_runs([parent.info.experiment_id], max_results=1, filter_string=(
+        f"tags.`{PARENT_TAG}` = '{parent_run_id}' and tags.`{TRIAL_TAG}` = '{number}' "
+        f"and attributes.run_name = '{trial_run_name(parent.data.tags.get(STUDY_TAG, ''), number)}'"))
+    return runs[0].info.run_id if runs else None
 
 
 def end_trial_run(config: PipelineConfig, run_id: str, *, state: str, value: float | None, metric: str,
