@@ -10,6 +10,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
 from pipeline_lib.config import PipelineConfig
+from pipeline_lib.config.tune_space import value_at
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.launch import launchers as launcher
 from pipeline_lib.planning import sharding
@@ -44,7 +45,7 @@ def run_trials(config: PipelineConfig, manifest: Manifest, parent_run_id: str | 
     def launch(trial_config: PipelineConfig, run_dir: str, number: int) -> TrainResult:
         run_id = None
         if parent_run_id:
-            params = {path: study_tracking.value_at(trial_config, path) for path in config.tune.space}
+            params = {path: value_at(trial_config, path) for path in config.tune.space}
             run_id = study_tracking.start_trial_run(trial_config, parent_run_id, study, number, params)
             with lock:
                 trial_runs[number] = run_id
@@ -70,6 +71,9 @@ def run_trials(config: PipelineConfig, manifest: Manifest, parent_run_id: str | 
         progress.update(100.0 * done / max(config.tune.trials, 1),
                         f"tuning: {done} trial(s) finished in this run, {config.tune.trials} in the study's budget")
 
+    if parent_run_id:
+        for run_id in study_tracking.end_stale_trial_runs(config, parent_run_id):
+            logger.warning("MLflow run %s of a trial an earlier run of the study left running: ended KILLED", run_id)
     result = runner.run_study(config, manifest, launch=launch, on_trial_finished=finished)
     progress.update(100.0, f"tuning: done: {', '.join(f'{v} {k}' for k, v in result.counts.items())}")
     if parent_run_id:

@@ -72,7 +72,7 @@ class IntRange(_Frozen):
                              f"step {self.step}; drop log or the step")
         return self
 
-    def values(self) -> list[int]:
+    def grid_values(self) -> list[int]:
         """Every value of the range, low to high by `step`."""
         low, high = self.int_
         return list(range(low, high + 1, self.step))
@@ -86,7 +86,7 @@ class Choice(_Frozen):
         if not self.choice:
             raise ValueError("needs at least one value, e.g. {choice: [[64], [128, 64]]}")
         try:
-            keys = self.keys()
+            keys = self.choice_keys()
         except TypeError as error:
             raise ValueError(f"each choice must be a YAML value (number, string, bool, null or a list or mapping of "
                              f"those): {error}") from None
@@ -95,7 +95,7 @@ class Choice(_Frozen):
             raise ValueError(f"lists {', '.join(repeated)} more than once; list each choice once")
         return self
 
-    def keys(self) -> list[Any]:
+    def choice_keys(self) -> list[Any]:
         """The choices as Optuna records categorical values (`choice_key`), in order."""
         return [choice_key(v) for v in self.choice]
 
@@ -161,7 +161,7 @@ class TuneConfig(_Frozen):
                 raise ConfigError(f"tune.space.{path} is {shown}, a continuous range, but tune.sampler grid tries "
                                  "discrete points only; write it as {choice: [...]} or {int: [lo, hi], step: n}, or "
                                  "use tune.sampler tpe or random")
-            grid[path] = distribution.keys() if isinstance(distribution, Choice) else distribution.values()
+            grid[path] = distribution.choice_keys() if isinstance(distribution, Choice) else distribution.grid_values()
         return grid
 
     def grid_size(self) -> int:

@@ -21,6 +21,7 @@ from pipeline_lib.config.tune import (
     TrialBinding,
     TuneConfig,
     Uniform,
+    choice_key,
 )
 from pipeline_lib.core import storage
 from pipeline_lib.core.secrets import secrets_context
@@ -197,6 +198,41 @@ def _path_problem(model: type[BaseModel], path: str) -> str | None:
             return None  # a free-form mapping (model.params): any key below it
         return f"{here} is a value, not a section, so {path} names nothing; tune {here} itself"
     return None
+
+
+_MISSING = object()
+
+
+def value_at(config: PipelineConfig, path: str) -> Any:
+    """The value at a dotted path of `config` as YAML writes it (`model.params.hidden_units` → `[128, 64]`); None
+    when the path is not set (a free-form key the config leaves out)."""
+    value: Any = config.model_dump(mode="json", by_alias=True)
+    for part in path.split("."):
+        value = value.get(part, _MISSING) if isinstance(value, dict) else _MISSING
+        if value is _MISSING:
+            return None
+    return value
+
+
+def config_point(config: PipelineConfig, space: Mapping[str, Any]) -> dict[str, Any]:
+    """The config's own values as a point of `space`, in Optuna's terms (a choice by its `choice_key`): for each path
+    whose value the space can sample (in its range, on its step, among its choices); other paths are left out."""
+    point: dict[str, Any] = {}
+    for path, distribution in space.items():
+        value = value_at(config, path)
+        if value is None or isinstance(value, bool):
+            continue
+        if isinstance(distribution, Choice):
+            if choice_key(value) in distribution.choice_keys():
+                point[path] = choice_key(value)
+        elif isinstance(distribution, IntRange):
+            if isinstance(value, int) and value in distribution.grid_values():
+                point[path] = value
+        elif isinstance(value, (int, float)):
+            low, high = distribution.loguniform if isinstance(distribution, LogUniform) else distribution.uniform
+            if low <= value <= high:
+                point[path] = float(value)
+    return point
 
 
 def _set(values: dict[str, Any], path: str, value: Any) -> None:

@@ -34,14 +34,6 @@ HISTORY_PLOT = "tune/optimization_history.png"
 IMPORTANCE_PLOT = "tune/param_importances.png"
 
 
-def value_at(config: PipelineConfig, path: str) -> Any:
-    """The value of a dotted config path (`train.base_learning_rate`, `model.params.hidden_units`) in `config`."""
-    value: Any = config.model_dump(mode="json", by_alias=True)
-    for part in path.split("."):
-        value = value[part]
-    return value
-
-
 def trial_run_name(study: str, number: int) -> str:
     return f"{study}-trial-{number}"
 
@@ -64,6 +56,19 @@ def find_trial_run(config: PipelineConfig, parent_run_id: str, number: int) -> s
         f"tags.`{PARENT_TAG}` = '{parent_run_id}' and tags.`{TRIAL_TAG}` = '{number}' "
         f"and attributes.run_name = '{trial_run_name(parent.data.tags.get(STUDY_TAG, ''), number)}'"))
     return runs[0].info.run_id if runs else None
+
+
+def end_stale_trial_runs(config: PipelineConfig, parent_run_id: str) -> list[str]:
+    """End KILLED the trial runs under `parent_run_id` still RUNNING: left by a study process that died (a resumed
+    study starts here; its own trials have not started yet). Returns their ids."""
+    client = tracking.create_client(config.mlflow_uri)
+    parent = client.get_run(parent_run_id)
+    stale = client.search_runs([parent.info.experiment_id], max_results=1000, filter_string=(
+        f"tags.`{PARENT_TAG}` = '{parent_run_id}' and attributes.status = 'RUNNING'"))
+    for run in stale:
+        client.set_tag(run.info.run_id, STATE_TAG, "fail")
+        tracking.finish_run(run.info.run_id, config.mlflow_uri, tracking.RunStatus.KILLED)
+    return [run.info.run_id for run in stale]
 
 
 def end_trial_run(config: PipelineConfig, run_id: str, *, state: str, value: float | None, metric: str,

@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict
 
 from pipeline_lib.config import Direction, PipelineConfig, Sampler, TrialBinding
+from pipeline_lib.config.tune_space import config_point
 from pipeline_lib.core import storage
 from pipeline_lib.core.errors import TfdagError, UserError
 from pipeline_lib.data.manifest import Manifest
@@ -145,6 +146,12 @@ def run_study(config: PipelineConfig, manifest: Manifest, *, launch: LaunchFn,
                         f"study {study_name(config)!r} is measured; give data.split an eval fraction")
     study = open_study(config)
     recover_stale_trials(study)
+    if not study.trials and tune.sampler != Sampler.GRID:
+        # A new study tries the config as written first, so its best is at least as good as the config's own values
+        # on the same budget.
+        start = config_point(config, tune.space)
+        if start:
+            study.enqueue_trial(start)
     total = budget(config)
     metric, _ = tuned_metric(config)
     logger.info("tune | study %s in %s | %s | %d of %d trials done", study.study_name, storage_shown(config), metric,

@@ -32,7 +32,7 @@ def suggest(trial: optuna.Trial, space: Mapping[str, Distribution]) -> dict[str,
             low, high = distribution.int_
             values[path] = trial.suggest_int(path, low, high, step=distribution.step, log=distribution.log)
         elif isinstance(distribution, Choice):
-            keys = distribution.keys()
+            keys = distribution.choice_keys()
             values[path] = distribution.choice[keys.index(trial.suggest_categorical(path, keys))]
         else:
             raise TypeError(f"tune.space.{path}: unknown distribution {distribution!r}")
@@ -45,7 +45,7 @@ def values_of(params: Mapping[str, Any], space: Mapping[str, Distribution]) -> d
     values = dict(params)
     for path, distribution in space.items():
         if isinstance(distribution, Choice) and path in values:
-            keys = distribution.keys()
+            keys = distribution.choice_keys()
             if values[path] in keys:
                 values[path] = distribution.choice[keys.index(values[path])]
     return values

@@ -52,7 +52,7 @@ def test_the_issues_example_parses_with_the_defaults_and_survives_its_own_dump(t
     assert space["model.params.hidden_units"] == Choice(choice=([64], [128, 64]))
     assert space["model.params.dropout"] == Uniform(uniform=(0.0, 0.5))
     assert space["train.per_replica_batch_size"] == IntRange(int=(16, 128), step=16)
-    assert space["train.per_replica_batch_size"].values() == list(range(16, 129, 16))
+    assert space["train.per_replica_batch_size"].grid_values() == list(range(16, 129, 16))
     # The YAML a run records loads back into the same config (`int` keeps its YAML name).
     dumped = config.masked_yaml()
     assert "int:" in dumped and load_config(_write(tmp_path, dumped)) == config

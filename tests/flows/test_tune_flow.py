@@ -1,0 +1,222 @@
+"""`tfdag tune`, the tune-pipeline flow, end to end on the session's stack: a 10-trial digits study two trials at a
+time, with pruning; its MLflow runs and Prefect artifacts; a study killed mid-way and resumed."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline_lib.data import demo as demo_data
+from tests.servers import ROOT, RunningStack
+
+STEPS = 40  # each trial's budget: evaluations at 20 and 40
+
+
+def study_config(root: Path, name: str, **tune) -> dict:
+    raw = root / "raw" / "digits.csv"
+    if not raw.exists():
+        demo_data.write_digits_csv(str(raw))
+    return {
+        "name": name,
+        "data": {"source": str(raw), "label": "target", "target_shard_mb": 0.1},
+        "output_root": str(root / "out"),
+        "model": {"factory": "mlp", "params": {"hidden_units": [32], "dropout": 0.1}},
+        "train": {"per_replica_batch_size": 32, "base_learning_rate": 0.002, "steps": STEPS,
+                  "checkpoint_every_steps": 20, "log_every_steps": 20, "seed": 7},
+        "evaluation": {"metrics": ["loss", "accuracy"], "gate": {"threshold": 0.8}},
+        "tracking": {"experiment": name, "registered_model": f"{name}-model"},
+        "tune": {"seed": 0, "space": {
+            "train.base_learning_rate": {"loguniform": [1.0e-4, 0.3]},
+            "model.params.hidden_units": {"choice": [[32], [64, 32]]},
+            "model.params.dropout": {"uniform": [0.0, 0.5]},
+        }, **tune},
+    }
+
+
+def tune_command(running: RunningStack, config_path: Path, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", "tune", str(config_path), "--json"], cwd=ROOT,
+                            env=running.cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            **popen)
+
+
+def load_study(config: dict):
+    import optuna
+
+    from pipeline_lib.config import parse_config
+    from pipeline_lib.tuning.study import create_storage, storage_url, study_name
+
+    parsed = parse_config(config)
+    return optuna.load_study(study_name=study_name(parsed), storage=create_storage(storage_url(parsed)))
+
+
+@dataclass(frozen=True)
+class Study:
+    config: dict
+    output: str
+    summary: dict
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, tfdag_stack) -> Study:
+    """`tfdag tune --json` once: 10 trials, 2 at a time, the median pruner after 2 complete trials."""
+    root = tmp_path_factory.mktemp("tune")
+    config = study_config(root, "digits-tune-test", trials=10, parallel=2, startup_trials=2)
+    path = root / "tune.yaml"
+    path.write_text(yaml.safe_dump(config))
+    process = tune_command(tfdag_stack, path)
+    output, _ = process.communicate(timeout=900)
+    assert process.returncode == 0, output[-5000:]
+    return Study(config, output, json.loads(output.strip().splitlines()[-1]))
+
+
+@pytest.mark.slow
+def test_ten_trials_two_at_a_time_find_a_model_at_least_as_good_as_the_config_and_register_it(study):
+    import optuna
+
+    summary = study.summary
+    assert summary["trials"]["complete"] + summary["trials"]["pruned"] == 10 and summary["trials"]["failed"] == 0
+    trials = {t.number: t for t in load_study(study.config).trials}
+    # Trial 0 is the config as written; the best is at least as good on the same budget.
+    first = trials[0]
+    assert first.params["train.base_learning_rate"] == pytest.approx(0.002)
+    assert json.loads(first.params["model.params.hidden_units"]) == [32]
+    assert first.state == optuna.trial.TrialState.COMPLETE
+    best = summary["best_trial"]
+    assert best["value"] >= first.value
+    assert best["value"] == max(t.value for t in trials.values() if t.state == optuna.trial.TrialState.COMPLETE)
+    # The best trial's model went through evaluation, the gate and registration like a `tfdag run` model.
+    model = summary["model"]
+    assert model["metrics"]["accuracy"] == pytest.approx(best["value"], abs=1e-6)
+    assert summary["blessed"] and model["blessed"] and model["model_version"] == "1"
+    # Two trials trained at once: some pair of trials overlapped in time.
+    spans = sorted((t.datetime_start, t.datetime_complete) for t in trials.values())
+    assert any(later_start < end for (_, end), (later_start, _) in itertools.pairwise(spans))
+
+
+@pytest.mark.slow
+def test_a_pruned_trial_stopped_before_its_budget_at_an_evaluation(study):
+    import optuna
+
+    pruned = [t for t in load_study(study.config).trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert pruned, "the median pruner pruned no trial of 10 (a learning rate up to 0.3 and down to 1e-4)"
+    for trial in pruned:
+        last = max(trial.intermediate_values)
+        assert last < STEPS and last % 20 == 0
+        result = trial.user_attrs["tfdag.train_result"]
+        assert result["pruned"] and result["final_step"] == last
+
+
+@pytest.mark.slow
+def test_mlflow_has_the_study_run_a_nested_run_per_trial_and_the_model_run_links_its_trial(study):
+    from mlflow.tracking import MlflowClient
+
+    from pipeline_lib.config import parse_config
+
+    config = parse_config(study.config)
+    client = MlflowClient(tracking_uri=config.mlflow_uri)
+    parent = client.get_run(study.summary["mlflow_run_id"])
+    assert parent.info.status == "FINISHED"
+    assert parent.data.metrics["tune.trials_complete"] + parent.data.metrics["tune.trials_pruned"] == 10
+    assert parent.data.tags["tfdag.tune.best_trial"] == str(study.summary["best_trial"]["number"])
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "tune")}
+    assert {"tune/optimization_history.png", "tune/param_importances.png", "tune/space.json"} <= artifacts
+    experiment = parent.info.experiment_id
+    nested = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'", max_results=50)
+    trial_runs = {r.data.tags["tfdag.tune.trial"]: r for r in nested if "tfdag.tune.state" in r.data.tags}
+    assert sorted(map(int, trial_runs)) == list(range(10))
+    for run in trial_runs.values():
+        assert run.info.status == "FINISHED"
+        assert {"tune.train.base_learning_rate", "tune.model.params.hidden_units"} <= set(run.data.params)
+        assert run.data.tags["tfdag.tune.state"] in ("complete", "pruned")
+        assert client.get_metric_history(run.info.run_id, "checkpoint/eval_accuracy")  # the chief's curve
+    model_run = client.get_run(study.summary["model"]["mlflow_run_id"])
+    best = str(study.summary["best_trial"]["number"])
+    assert model_run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert model_run.data.tags["tfdag.tune.trial_run_id"] == trial_runs[best].info.run_id
+    version = client.get_model_version(f"{config.name}-model", "1")
+    assert version.run_id == model_run.info.run_id
+
+
+@pytest.mark.slow
+def test_the_prefect_flow_run_has_the_trial_table_and_the_progress(study, prefect_api):
+    from mlflow.tracking import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    from pipeline_lib.config import parse_config
+
+    parent = MlflowClient(tracking_uri=parse_config(study.config).mlflow_uri).get_run(study.summary["mlflow_run_id"])
+    with get_client(sync_client=True) as prefect:
+        artifacts = prefect.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[parent.data.tags["prefect_flow_run_id"]])))
+    tables = [a for a in artifacts if a.key == "digits-tune-test-tune-trials"]  # one version per finished trial
+    assert len(tables) == 10
+    rows = json.loads(max(tables, key=lambda a: a.created).data)
+    assert sorted(r["trial"] for r in rows) == list(range(10))
+    assert {r["state"] for r in rows} <= {"complete", "pruned"}
+    [progress] = [a for a in artifacts if a.key == "digits-tune-test-tune-progress"]
+    assert progress.type == "progress" and float(progress.data) == 100.0
+
+
+@pytest.mark.slow
+def test_a_study_killed_mid_way_resumes_without_rerunning_finished_trials(tmp_path, tfdag_stack):
+    import optuna
+
+    config = study_config(tmp_path, "digits-tune-resume", trials=4, parallel=1, pruner="none")
+    path = tmp_path / "tune.yaml"
+    path.write_text(yaml.safe_dump(config))
+    states = optuna.trial.TrialState
+    process = tune_command(tfdag_stack, path, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                trials = load_study(config).trials
+            except (KeyError, ValueError, FileNotFoundError):  # the study is not created yet
+                trials = []
+            if sum(t.state == states.COMPLETE for t in trials) >= 2 and any(t.state == states.RUNNING for t in trials):
+                break
+            time.sleep(0.5)
+        assert process.poll() is None, "the study ended before it could be killed mid-way"
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # the flow process and its trial's workers, from outside
+        process.communicate()
+    before = {t.number: t for t in load_study(config).trials}
+    finished = {n for n, t in before.items() if t.state == states.COMPLETE}
+    running = {n for n, t in before.items() if t.state == states.RUNNING}
+    assert len(finished) >= 2 and len(running) == 1
+
+    again = tune_command(tfdag_stack, path)
+    output, _ = again.communicate(timeout=900)
+    assert again.returncode == 0, output[-5000:]
+    after = {t.number: t for t in load_study(config).trials}
+    for number in finished:  # not rerun: the same trial, completed at the same moment
+        assert after[number].state == states.COMPLETE
+        assert after[number].datetime_complete == before[number].datetime_complete
+    for number in running:  # the trial the kill interrupted: failed, its budget given to a new one
+        assert after[number].state == states.FAIL
+    assert sum(t.state == states.COMPLETE for t in after.values()) == 4
+    summary = json.loads(output.strip().splitlines()[-1])
+    assert summary["trials"] == {"complete": 4, "pruned": 0, "failed": 1}
+    # One MLflow run per trial; the interrupted trial's run was ended KILLED when the study resumed.
+    from mlflow.tracking import MlflowClient
+
+    from pipeline_lib.config import parse_config
+
+    client = MlflowClient(tracking_uri=parse_config(config).mlflow_uri)
+    parent = client.get_run(summary["mlflow_run_id"])
+    nested = client.search_runs([parent.info.experiment_id],
+                                f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'", max_results=50)
+    trial_runs = [r for r in nested if "tfdag.tune.state" in r.data.tags]
+    assert sorted(int(r.data.tags["tfdag.tune.trial"]) for r in trial_runs) == sorted(after)
+    assert {r.info.status for r in trial_runs if int(r.data.tags["tfdag.tune.trial"]) in running} == {"KILLED"}
