@@ -67,8 +67,9 @@ def tfdag_stack(tmp_path_factory) -> RunningStack:
     assert down.returncode == 0 and not leftovers, f"tfdag stack down left {leftovers}:\n{down.stdout}{down.stderr}"
 
 
-# The deployments of prefect.yaml with a schedule: the nightly retrain (03:00 UTC) and the scoring after it (04:00).
-SCHEDULED_DEPLOYMENTS = ("retrain/nightly", "batch-predict/champion")
+# The deployments of prefect.yaml with a schedule: the nightly retrain (03:00 UTC), the scoring after it (04:00) and
+# the weekly study (Sundays 05:00).
+SCHEDULED_DEPLOYMENTS = ("retrain/nightly", "batch-predict/champion", "tune-pipeline/weekly")
 
 
 def _pause_schedules(running: RunningStack) -> None:

@@ -29,7 +29,7 @@ def _deployment(model, name: str):
 
 def test_prefect_yaml_declares_the_deployments_on_the_process_pool():
     model = _load(PREFECT_YAML)
-    assert sorted(d.name for d in model.deployments) == ["champion", "manual", "nightly"]
+    assert sorted(d.name for d in model.deployments) == ["champion", "manual", "nightly", "weekly"]
     for deployment in model.deployments:
         assert deployment.work_pool.name == "tfdag-local"
         assert deployment.enforce_parameter_schema is True
@@ -43,6 +43,10 @@ def test_prefect_yaml_declares_the_deployments_on_the_process_pool():
     assert scoring.parameters["params"]["model"].endswith("@champion")
     # An hour after the nightly retrain: it scores with the champion that run left.
     assert [(s.cron, s.timezone) for s in scoring.schedules] == [("0 4 * * *", "UTC")]
+    tune = _deployment(model, "weekly")
+    assert tune.entrypoint == "flows/tune.py:tune_pipeline"
+    assert [(s.cron, s.timezone) for s in tune.schedules] == [("0 5 * * 0", "UTC")]
+    assert (ROOT / tune.parameters["config"]).is_file()
     # No clone or pull: the process worker runs flows in the directory `prefect deploy` ran in.
     steps = [next(iter(step)) for step in model.pull]
     assert steps == ["prefect.deployments.steps.set_working_directory"]
@@ -98,11 +102,12 @@ def test_stack_deploys_every_deployment_to_the_server(tfdag_stack):
         nightly = client.read_deployment_by_name("retrain/nightly")
         manual = client.read_deployment_by_name("training-pipeline/manual")
         scoring = client.read_deployment_by_name("batch-predict/champion")
+        tune = client.read_deployment_by_name("tune-pipeline/weekly")
         pool = client.read_work_pool("tfdag-local")
     assert pool.type == "process"
     assert sorted(tfdag_stack.state.deployments) == ["batch-predict/champion", "retrain/nightly",
-                                                     "training-pipeline/manual"]
-    for deployment in (nightly, manual, scoring):
+                                                     "training-pipeline/manual", "tune-pipeline/weekly"]
+    for deployment in (nightly, manual, scoring, tune):
         assert deployment.work_pool_name == "tfdag-local"
         assert deployment.enforce_parameter_schema is True
         assert deployment.pull_steps == [
@@ -113,6 +118,7 @@ def test_stack_deploys_every_deployment_to_the_server(tfdag_stack):
     assert "RetrainParameters" in json.dumps(nightly.parameter_openapi_schema)
     assert [(s.schedule.cron, s.schedule.timezone) for s in scoring.schedules] == [("0 4 * * *", "UTC")]
     assert "PredictConfig" in json.dumps(scoring.parameter_openapi_schema)
+    assert [(s.schedule.cron, s.schedule.timezone) for s in tune.schedules] == [("0 5 * * 0", "UTC")]
 
 
 @pytest.mark.slow

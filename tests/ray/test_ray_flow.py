@@ -25,3 +25,20 @@ def test_the_pipeline_flow_trains_on_ray_through_the_train_task(tmp_path, prefec
     run = MlflowClient(tracking_uri=config.mlflow_uri).get_run(summary.mlflow_run_id)
     assert run.info.status == "FINISHED" and int(run.data.params["num_workers"]) == 2
     assert ray_cluster.alive_actors() == [] and ray_cluster.live_placement_groups() == []
+
+
+@pytest.mark.slow
+def test_a_study_trains_its_trials_on_ray(tmp_path, prefect_api, ray_cluster):
+    """The same tune flow with `train.launcher: ray`: each trial a Ray launch on the test cluster, its chief
+    reporting to the study (a journal file every node of this one-machine cluster reaches)."""
+    from flows.tune import tune_pipeline
+    from tests.flows.test_tune_flow import load_study, study_config
+
+    values = study_config(tmp_path, "digits-tune-ray", trials=2, parallel=1, pruner="none")
+    values["train"].update(launcher="ray", ray={"address": ray_cluster.address, "node_ip_address": RAY_IP})
+    summary = tune_pipeline(parse_config(values))
+    assert summary.trials == {"complete": 2, "pruned": 0, "failed": 0}
+    assert summary.model is not None and summary.model.blessed and summary.model.model_version == "1"
+    trials = load_study(values).trials
+    assert [t.user_attrs["tfdag.train_result"]["final_step"] for t in trials] == [40, 40]
+    assert ray_cluster.alive_actors() == [] and ray_cluster.live_placement_groups() == []
