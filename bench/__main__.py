@@ -31,6 +31,7 @@ SUITES = {
     "ray": "bench.bench_ray",
     "scale": "bench.bench_scale",
     "scoring": "bench.bench_scoring",
+    "tuning": "bench.bench_tuning",
 }
 RESULTS = Path(__file__).resolve().parent / "results.json"
 
