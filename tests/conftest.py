@@ -150,6 +150,7 @@ XDIST_GROUP_OF_FIXTURE = {
     "retrain_scenario": "retrain",  # the retrain deployment's first run (tests/flows/conftest.py)
     "digits_run": "digits_run",  # the shared blessed digits run (tests/flows/conftest.py)
     "sliced_run": "sliced_run",  # the regions run of tests/flows/test_evaluation_record.py (module-scoped)
+    "tune_study": "tune_study",  # the 10-trial study of tests/flows/test_tune_flow.py (module-scoped)
 }
 # TFDAG_TEST_ORDER=reverse, or random:SEED, runs the tests in another order: the suite must pass in any order (no
 # test may depend on what an earlier one left in a shared fixture). Every xdist process collects the same order.

@@ -67,7 +67,7 @@ class Study:
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory, tfdag_stack) -> Study:
+def tune_study(tmp_path_factory, tfdag_stack) -> Study:
     """`tfdag tune --json` once: 10 trials, 2 at a time, the median pruner after 2 complete trials."""
     root = tmp_path_factory.mktemp("tune")
     config = study_config(root, "digits-tune-test", trials=10, parallel=2, startup_trials=2)
@@ -80,12 +80,12 @@ def study(tmp_path_factory, tfdag_stack) -> Study:
 
 
 @pytest.mark.slow
-def test_ten_trials_two_at_a_time_find_a_model_at_least_as_good_as_the_config_and_register_it(study):
+def test_ten_trials_two_at_a_time_find_a_model_at_least_as_good_as_the_config_and_register_it(tune_study):
     import optuna
 
-    summary = study.summary
+    summary = tune_study.summary
     assert summary["trials"]["complete"] + summary["trials"]["pruned"] == 10 and summary["trials"]["failed"] == 0
-    trials = {t.number: t for t in load_study(study.config).trials}
+    trials = {t.number: t for t in load_study(tune_study.config).trials}
     # Trial 0 is the config as written; the best is at least as good on the same budget.
     first = trials[0]
     assert first.params["train.base_learning_rate"] == pytest.approx(0.002)
@@ -104,10 +104,10 @@ def test_ten_trials_two_at_a_time_find_a_model_at_least_as_good_as_the_config_an
 
 
 @pytest.mark.slow
-def test_a_pruned_trial_stopped_before_its_budget_at_an_evaluation(study):
+def test_a_pruned_trial_stopped_before_its_budget_at_an_evaluation(tune_study):
     import optuna
 
-    pruned = [t for t in load_study(study.config).trials if t.state == optuna.trial.TrialState.PRUNED]
+    pruned = [t for t in load_study(tune_study.config).trials if t.state == optuna.trial.TrialState.PRUNED]
     assert pruned, "the median pruner pruned no trial of 10 (a learning rate up to 0.3 and down to 1e-4)"
     for trial in pruned:
         last = max(trial.intermediate_values)
@@ -117,17 +117,17 @@ def test_a_pruned_trial_stopped_before_its_budget_at_an_evaluation(study):
 
 
 @pytest.mark.slow
-def test_mlflow_has_the_study_run_a_nested_run_per_trial_and_the_model_run_links_its_trial(study):
+def test_mlflow_has_the_study_run_a_nested_run_per_trial_and_the_model_run_links_its_trial(tune_study):
     from mlflow.tracking import MlflowClient
 
     from pipeline_lib.config import parse_config
 
-    config = parse_config(study.config)
+    config = parse_config(tune_study.config)
     client = MlflowClient(tracking_uri=config.mlflow_uri)
-    parent = client.get_run(study.summary["mlflow_run_id"])
+    parent = client.get_run(tune_study.summary["mlflow_run_id"])
     assert parent.info.status == "FINISHED"
     assert parent.data.metrics["tune.trials_complete"] + parent.data.metrics["tune.trials_pruned"] == 10
-    assert parent.data.tags["tfdag.tune.best_trial"] == str(study.summary["best_trial"]["number"])
+    assert parent.data.tags["tfdag.tune.best_trial"] == str(tune_study.summary["best_trial"]["number"])
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "tune")}
     assert {"tune/optimization_history.png", "tune/param_importances.png", "tune/space.json"} <= artifacts
     experiment = parent.info.experiment_id
@@ -139,8 +139,8 @@ def test_mlflow_has_the_study_run_a_nested_run_per_trial_and_the_model_run_links
         assert {"tune.train.base_learning_rate", "tune.model.params.hidden_units"} <= set(run.data.params)
         assert run.data.tags["tfdag.tune.state"] in ("complete", "pruned")
         assert client.get_metric_history(run.info.run_id, "checkpoint/eval_accuracy")  # the chief's curve
-    model_run = client.get_run(study.summary["model"]["mlflow_run_id"])
-    best = str(study.summary["best_trial"]["number"])
+    model_run = client.get_run(tune_study.summary["model"]["mlflow_run_id"])
+    best = str(tune_study.summary["best_trial"]["number"])
     assert model_run.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert model_run.data.tags["tfdag.tune.trial_run_id"] == trial_runs[best].info.run_id
     version = client.get_model_version(f"{config.name}-model", "1")
@@ -148,14 +148,14 @@ def test_mlflow_has_the_study_run_a_nested_run_per_trial_and_the_model_run_links
 
 
 @pytest.mark.slow
-def test_the_prefect_flow_run_has_the_trial_table_and_the_progress(study, prefect_api):
+def test_the_prefect_flow_run_has_the_trial_table_and_the_progress(tune_study, prefect_api):
     from mlflow.tracking import MlflowClient
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     from pipeline_lib.config import parse_config
 
-    parent = MlflowClient(tracking_uri=parse_config(study.config).mlflow_uri).get_run(study.summary["mlflow_run_id"])
+    parent = MlflowClient(tracking_uri=parse_config(tune_study.config).mlflow_uri).get_run(tune_study.summary["mlflow_run_id"])
     with get_client(sync_client=True) as prefect:
         artifacts = prefect.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[parent.data.tags["prefect_flow_run_id"]])))
