@@ -220,3 +220,15 @@ def test_a_study_killed_mid_way_resumes_without_rerunning_finished_trials(tmp_pa
     trial_runs = [r for r in nested if "tfdag.tune.state" in r.data.tags]
     assert sorted(int(r.data.tags["tfdag.tune.trial"]) for r in trial_runs) == sorted(after)
     assert {r.info.status for r in trial_runs if int(r.data.tags["tfdag.tune.trial"]) in running} == {"KILLED"}
+
+
+def test_the_example_study_parses_and_a_config_without_a_tune_section_is_refused_in_one_line(tmp_path):
+    from pipeline_lib.config import load_config
+
+    example = load_config(ROOT / "examples" / "digits_tune.yaml")
+    assert example.tune is not None and example.tune.trials == 10 and example.tune.parallel == 2
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "tune", str(ROOT / "examples" / "digits.yaml")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 2, done.stderr
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("tfdag:")]
+    assert "has no tune: section" in line and "tfdag run" in line
