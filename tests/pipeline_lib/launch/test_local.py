@@ -141,9 +141,9 @@ def test_sigkill_of_the_chief_mid_epoch_restarts_and_finishes_exactly_total_step
 
 # A SIGSTOP while stepping and a SIGTERM preemption are cases of the fault matrix (test_fault_matrix.py:
 # `test_non_chief_sigstopped_while_stepping_is_caught_as_a_hang`, which also bounds the detection time, and
-# `test_non_chief_preempted_in_its_last_10_steps` / `test_chief_preempted_in_its_last_10_steps`, which assert the
-# step both workers agreed on and the resume from it), on both launchers. The matrix's kill of the chief mid-checkpoint
-# is `test_chief_killed_during_a_save_leaves_the_previous_checkpoint_latest` below (with 2 workers).
+# `test_non_chief_preempted_in_its_last_10_steps`, which asserts the step both workers agreed on and the resume from
+# it; the chief's preemption runs with TFDAG_FAULT_MATRIX=full). The matrix's kill of the chief mid-checkpoint is
+# `test_chief_killed_during_a_save_leaves_the_previous_checkpoint_latest` below (with 2 workers).
 
 
 @pytest.mark.slow
