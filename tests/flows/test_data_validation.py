@@ -28,6 +28,9 @@ def _write_config(tmp_path: Path, **extra) -> Path:
         "output_root": str(tmp_path / "out"),
         # Trained in this process, as the digits example does: what is tested is the validation, not the worker.
         "train": {"isolation": "none", "epochs": 5},  # a few steps (the default ceiling is 100 epochs)
+        # No model check (a fresh interpreter per trained run): what is tested is the data's validation; the check
+        # is tests/flows/test_pipeline_flow.py's (the shared digits run and the 1-epoch failure path).
+        "evaluation": {"validate_model": False},
         "tracking": {"experiment": "wine-validation", "mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
         **extra,
     }))

@@ -148,16 +148,27 @@ def test_a_python_exception_is_permanent_with_task_node_and_traceback_and_leaves
 
 @pytest.mark.slow
 def test_a_stopped_worker_process_is_fenced_and_restarted(ray_cluster, s3, tmp_path):
+    # The Ray fault matrix's "non-chief SIGSTOPped while stepping" runs only with TFDAG_RAY_FAULT_MATRIX=full: this
+    # test checks the same hang seen through the actor's heartbeat, its bound, its story and the resume.
     dataset = _digits_on_s3(s3, tmp_path, "d")
     root = f"s3://{BUCKET}/d/out"
-    config = _ray_config(ray_cluster, root, checkpoint_every_steps=10, hang_timeout_s=8.0)
+    hang_timeout_s = 8.0
+    config = _ray_config(ray_cluster, root, checkpoint_every_steps=10, hang_timeout_s=hang_timeout_s)
     spec = make_spec(config, dataset, plan_for(dataset, config, steps=40), f"{root}/run")
-    logs = LogCapture()
-    outcome = launch_on_ray(spec, config, log_fn=logs, env={"TFDAG_FAULT": "stop:worker=1:step=15"})
-    assert outcome.result.final_step == 40
+    logs, calls = LogCapture(), []
+    outcome = launch_on_ray(spec, config, log_fn=logs, on_restart=lambda n, story: calls.append((n, story)),
+                            env={"TFDAG_FAULT": "stop:worker=1:step=15"})
+    assert outcome.result.final_step == 40 and outcome.result.num_restarts == 1
     assert len(outcome.restarts) == 1 and outcome.restarts[0].cause.startswith("hang: worker 1 (stopped)")
     assert outcome.restarts[0].resumed_step == 10
+    (number, story), = calls
+    assert number == 1 and story.startswith("hang: worker 1 (stopped) made no progress"), story
+    assert story.endswith("resumed at step 10 of 40"), story
     assert "[supervisor] restart 1/3" in logs.text
+    # Fenced within the stepping bound and a margin, counted from the fault's line (which reaches this log through
+    # the actor, so no earlier than the stop itself).
+    detected_after = logs.first_time("[supervisor] restart 1/") - logs.first_time("stop fires in worker 1")
+    assert detected_after <= hang_timeout_s + 10.0, detected_after
     _nothing_left(ray_cluster)
 
 

@@ -14,6 +14,8 @@ and finishing 15 s; starting 125 s, which the one starting-hang case shortens fo
 (the supervisor's STARTUP_ALLOWANCE_S, monkeypatched to 25 s here). One case runs the issue's own setting,
 `hang_timeout_s` 20 with a 25 s finish, while busy loops hold every core: it holds the whole machine for a minute, so
 it runs with `TFDAG_FAULT_MATRIX=full` (`make test` leaves it out, as it leaves out the Ray matrix's longer cases).
+So do the cases marked `duplicate_of`: their guarantee is checked in the default run by the test their skip reason
+names (the chief's preemption, its kill mid-checkpoint, its kill at the result write).
 """
 
 from __future__ import annotations
@@ -52,6 +54,15 @@ TOTAL_STEPS = 30
 HANG_TIMEOUT_S = 5.0
 # The cases that hold the whole machine run only when asked for (see the module docstring).
 FULL_MATRIX = "full" in (os.environ.get("TFDAG_FAULT_MATRIX"), os.environ.get("TFDAG_RAY_FAULT_MATRIX"))
+
+
+def duplicate_of(covered_by: str):
+    """A case whose guarantee `covered_by`, a test of the default run, checks too: it runs with the full matrix only.
+
+    The mark travels with the function, so tests/ray/test_ray_fault_matrix.py's copy of the case carries it as well.
+    """
+    return pytest.mark.skipif(not FULL_MATRIX, reason=f"{covered_by} checks the same in the default run: "
+                                                      "TFDAG_FAULT_MATRIX=full runs this duplicate too")
 
 
 class Harness:
@@ -326,6 +337,12 @@ def test_non_chief_preempted_in_its_last_10_steps(harness, dataset):
     assert f"worker 0 preempted at step {resumed}" in logs.text and f"worker 1 preempted at step {resumed}" in logs.text
 
 
+# The group's stop is one all-reduce of every worker's request (training/agreement.py), so which worker gets the
+# SIGTERM does not change the path; a chief's own SIGTERM (checkpoint, exit 138) is
+# tests/pipeline_lib/launch/test_worker.py::test_sigterm_checkpoints_and_exits_with_the_preemption_code.
+@duplicate_of("test_fault_matrix.py::test_non_chief_preempted_in_its_last_10_steps (the same agreed stop, checkpoint "
+              "and exit 138 of both workers) with test_worker.py::test_sigterm_checkpoints_and_exits_with_the_"
+              "preemption_code (a chief's own SIGTERM)")
 def test_chief_preempted_in_its_last_10_steps(harness, dataset):
     # Outside SIGTERM to the chief while it pauses after step 25: the same coordinated checkpoint, exit 138.
     config, spec = harness.setup(dataset)
@@ -414,6 +431,10 @@ def test_non_chief_sigkilled_while_saving(harness, dataset):
                           else "resumed at step 10 of 30"), story
 
 
+@duplicate_of("test_local.py::test_chief_killed_during_a_save_leaves_the_previous_checkpoint_latest (the same kill of "
+              "a 2-worker chief inside its step-20 save, ckpt-20 uncommitted, the resume from ckpt-10 to step 30) with "
+              "test_local.py::test_sigkill_of_the_chief_mid_epoch_restarts_and_finishes_exactly_total_steps (the "
+              "restart in the same launch from the latest valid checkpoint)")
 def test_chief_sigkilled_mid_checkpoint_resumes_from_the_previous_one(harness, dataset):
     # TFDAG_FAULT: the chief kills itself inside its second save (step 20), after the checkpoint's data and index
     # are written, before its manifest: ckpt-20 is not valid, the restart in the same launch resumes from ckpt-10.
@@ -426,6 +447,8 @@ def test_chief_sigkilled_mid_checkpoint_resumes_from_the_previous_one(harness, d
     assert [c.step for c in outcome.result.checkpoints][-1] == TOTAL_STEPS
 
 
+@duplicate_of("test_fault_matrix.py::test_chief_sigkilled_after_the_final_checkpoint_resumes_at_the_final_step (a "
+              "SIGKILL of the chief at the same result point, with the same story, start step and more)")
 def test_chief_sigkilled_at_the_result_write(harness, dataset):
     # TFDAG_FAULT: the chief kills itself at the result point, right before its atomic result.json write
     # (the write itself is a rename: there is no half-written result to reach).

@@ -141,8 +141,9 @@ def test_sigkill_of_the_chief_mid_epoch_restarts_and_finishes_exactly_total_step
 
 # A SIGSTOP while stepping and a SIGTERM preemption are cases of the fault matrix (test_fault_matrix.py:
 # `test_non_chief_sigstopped_while_stepping_is_caught_as_a_hang`, which also bounds the detection time, and
-# `test_non_chief_preempted_in_its_last_10_steps` / `test_chief_preempted_in_its_last_10_steps`, which assert the
-# step both workers agreed on and the resume from it), on both launchers.
+# `test_non_chief_preempted_in_its_last_10_steps`, which asserts the step both workers agreed on and the resume from
+# it; the chief's preemption runs with TFDAG_FAULT_MATRIX=full). The matrix's kill of the chief mid-checkpoint is
+# `test_chief_killed_during_a_save_leaves_the_previous_checkpoint_latest` below (with 2 workers).
 
 
 @pytest.mark.slow
@@ -165,7 +166,9 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, da
 
 @pytest.mark.slow
 def test_chief_killed_during_a_save_leaves_the_previous_checkpoint_latest(tmp_path, dataset):
-    config, spec, run_dir = _setup(tmp_path, dataset, steps=30, max_restarts=0)
+    # Two workers, as the fault matrix runs them (its mid-checkpoint case is a duplicate of this one): the chief is
+    # killed inside its step-20 save, after the data and index, before the manifest that commits it.
+    config, spec, run_dir = _setup(tmp_path, dataset, steps=30, max_restarts=0, workers=2, per_replica_batch_size=16)
     checkpoint_dir = os.path.join(run_dir, "checkpoints")
     with pytest.raises(RestartsExhausted) as error:
         launch(spec, config, log_fn=LogCapture(), env={"TFDAG_FAULT": "kill_during_save:worker=0:step=20"})
