@@ -36,9 +36,11 @@ def quiet_tensorflow_env() -> None:
 
 
 def quiet_python_loggers() -> None:
-    """The chatty loggers at WARNING, unless verbose."""
+    """The chatty loggers at WARNING, and MLflow's artifact download bars off (tqdm, which Optuna brings, turns them
+    on: a dozen console lines per logged model), unless verbose."""
     if is_verbose():
         return
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     for name in CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
 
