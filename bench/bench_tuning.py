@@ -19,6 +19,7 @@ What is timed, and why it is honest:
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 import time
 
@@ -114,7 +115,7 @@ def run(trials: int = 4, steps: int = 2000, quick: bool = False) -> list[dict]:
         }, repeats)
     print(f"tuning ({trials} trials of {steps} steps on digits, TPE, no pruning; medians of {repeats} rounds):")
     for name, values in samples.items():
-        print(f"  {name:<7} {sorted(values)[len(values) // 2]:>8.1f} trials/h (min {min(values):.1f}, "
+        print(f"  {name:<7} {statistics.median(values):>8.1f} trials/h (min {min(values):.1f}, "
               f"max {max(values):.1f})")
     shape = f"{trials} trials x {steps} steps"
     return [

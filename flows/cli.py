@@ -62,14 +62,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from flows.stage_inputs import load
-    from pipeline_lib.config import ConfigError
+    from pipeline_lib.config.tune_space import tune_of
     from pipeline_lib.core.exit_codes import EXIT_NOT_BLESSED, EXIT_OK
     from pipeline_lib.launch.inputs import check_inputs
 
     config = load(args.config)
-    if config.tune is None:
-        raise ConfigError(f"{args.config} has no tune: section, so there is nothing to tune; add one (tune.space at "
-                          "least: README, 'Tuning'), or run it with `tfdag run`")
+    tune_of(config)  # refused in one line (exit 2) before Prefect starts
     check_inputs(config)  # the launcher, the model factory, TF_CONFIG and storage, before Prefect starts
     from flows.prefect_api import api_from_profile
     from flows.tune import tune_pipeline

@@ -24,7 +24,8 @@ from flows.pipeline import (
     run_tags,
     run_tracked,
 )
-from pipeline_lib.config import ConfigError, PipelineConfig
+from pipeline_lib.config import PipelineConfig
+from pipeline_lib.config.tune_space import tune_of
 from pipeline_lib.tracking import study as study_tracking
 from pipeline_lib.tracking.run import RunStatus
 from pipeline_lib.training import strategy
@@ -68,9 +69,7 @@ class TuneSummary(BaseModel):
 
 def run_tune(config: PipelineConfig) -> TuneSummary:
     """The body of the tune flow (see the module docstring); the study's MLflow run ends as `run_pipeline`'s does."""
-    if config.tune is None:
-        raise ConfigError(f"pipeline {config.name!r} has no tune: section, so there is nothing to tune; add one "
-                          "(tune.space at least: README, 'Tuning'), or run it with `tfdag run`")
+    tune_of(config)  # a config without a tune: section is refused before any stage
     return run_tracked(config, lambda progress, logger: _tune(config, progress, logger))
 
 

@@ -79,7 +79,7 @@ def run_trials(config: PipelineConfig, manifest: Manifest, parent_run_id: str | 
     if parent_run_id:
         study_tracking.log_study(config, parent_run_id, open_study(config),
                                  {path: d.model_dump(mode="json", by_alias=True) for path, d in config.tune.space.items()},
-                                 metric)
+                                 metric, result.best_params)
     best = (f"best trial {result.best_number}: {metric}={result.best_value:.4g}" if result.best_number is not None
             else "no trial completed")
     logger.info("study %s: %s | %s", study, ", ".join(f"{v} {k}" for k, v in result.counts.items()), best)

@@ -73,7 +73,7 @@ def check_space(config: PipelineConfig) -> None:
     Raises:
         ConfigError: naming `tune.space.<path>`, the value and the schema's complaint.
     """
-    tune = _tune_of(config)
+    tune = tune_of(config)
     base = config.revealed()
     base.pop("tune")
     for path, distribution in tune.space.items():
@@ -154,10 +154,16 @@ def complaints(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _tune_of(config: PipelineConfig) -> TuneConfig:
+def tune_of(config: PipelineConfig) -> TuneConfig:
+    """`config.tune`.
+
+    Raises:
+        ConfigError: when the config has no tune section, naming the pipeline and the two ways on.
+    """
     if config.tune is None:
-        raise ConfigError(f"the config of pipeline {config.name!r} has no tune section; add tune.space (see the "
-                          "README's tuning section)")
+        raise ConfigError(f"pipeline {config.name!r} has no tune: section, so there is nothing to tune; add one "
+                          "(tune.space at least: see the README's 'Tuning hyperparameters'), or run it with "
+                          "`tfdag run`")
     return config.tune
 
 

@@ -85,7 +85,7 @@ def end_trial_run(config: PipelineConfig, run_id: str, *, state: str, value: flo
 
 
 def log_study(config: PipelineConfig, run_id: str, study: optuna.Study, space: Mapping[str, Any],
-              metric: str) -> None:
+              metric: str, best_params: Mapping[str, Any] | None) -> None:
     """The study's summary on its parent run: space, counts by state, best params and value, history and
     importances."""
     import optuna
@@ -102,8 +102,7 @@ def log_study(config: PipelineConfig, run_id: str, study: optuna.Study, space: M
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if complete:
         best = study.best_trial
-        tracking.log_params(run_id, uri, {f"best.{k}": _shown(v) for k, v in best.user_attrs.get(
-            "params", best.params).items()})
+        tracking.log_params(run_id, uri, {f"best.{k}": _shown(v) for k, v in (best_params or best.params).items()})
         client.log_metric(run_id, f"tune.best_{metric}", float(best.value))
         client.set_tag(run_id, "tfdag.tune.best_trial", str(best.number))
     importances = param_importances(study)

@@ -20,6 +20,7 @@ from pipeline_lib.config import (
     TuneConfig,
     metric_direction,
 )
+from pipeline_lib.config.tune_space import tune_of
 from pipeline_lib.core import storage
 from pipeline_lib.core.quiet import is_verbose
 from pipeline_lib.core.secrets import mask_url_passwords
@@ -30,18 +31,6 @@ TUNE_DIR = "tune"
 JOURNAL_NAME = "journal.log"
 METRIC_ATTR = "tfdag.metric"  # the study's user attribute: the checkpoint metric it optimizes
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)  # the trials that count toward tune.trials
-
-
-def tune_of(config: PipelineConfig) -> TuneConfig:
-    """`config.tune`.
-
-    Raises:
-        ConfigError: when the config has no tune section.
-    """
-    if config.tune is None:
-        raise ConfigError(f"the config of pipeline {config.name!r} has no tune section; add tune.space to search "
-                          "over its keys (see the README's tuning section)")
-    return config.tune
 
 
 def study_name(config: PipelineConfig) -> str:
