@@ -168,6 +168,17 @@ def test_the_prefect_flow_run_has_the_trial_table_and_the_progress(tune_study, p
     assert progress.type == "progress" and float(progress.data) == 100.0
 
 
+def _trial_run_exists(config: dict, number: int) -> bool:
+    from mlflow.tracking import MlflowClient
+
+    from pipeline_lib.config import parse_config
+
+    client = MlflowClient(tracking_uri=parse_config(config).mlflow_uri)
+    experiment = client.get_experiment_by_name(config["tracking"]["experiment"])
+    return experiment is not None and bool(client.search_runs(
+        [experiment.experiment_id], f"tags.`tfdag.tune.trial` = '{number}' and attributes.status = 'RUNNING'"))
+
+
 @pytest.mark.slow
 def test_a_study_killed_mid_way_resumes_without_rerunning_finished_trials(tmp_path, tfdag_stack):
     import optuna
@@ -184,7 +195,11 @@ def test_a_study_killed_mid_way_resumes_without_rerunning_finished_trials(tmp_pa
                 trials = load_study(config).trials
             except (KeyError, ValueError, FileNotFoundError):  # the study is not created yet
                 trials = []
-            if sum(t.state == states.COMPLETE for t in trials) >= 2 and any(t.state == states.RUNNING for t in trials):
+            running_now = [t.number for t in trials if t.state == states.RUNNING]
+            # Killed once the running trial trains: its MLflow run exists (a trial is RUNNING in the study a moment
+            # before its launch creates that run).
+            if (sum(t.state == states.COMPLETE for t in trials) >= 2 and running_now
+                    and _trial_run_exists(config, running_now[0])):
                 break
             time.sleep(0.5)
         assert process.poll() is None, "the study ended before it could be killed mid-way"
