@@ -116,7 +116,7 @@ class LocalGroup:
 
     def start(self, task: TaskSpec, log_fn: Callable[[str], None], log_lock: threading.Lock) -> TaskProcess:
         return start_worker(task, self.spec_path, self.extra_env, log_fn, log_lock,
-                            heartbeat_dir=self.spec.heartbeat_dir)
+                            heartbeat_dir=self.spec.heartbeat_dir, fork=True)
 
     def end_attempt(self) -> None:
         pass

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pipeline_lib.cluster.info import ClusterInfo
+from pipeline_lib.launch import forkserver
 from pipeline_lib.launch.exits import describe_exit
 from pipeline_lib.launch.heartbeat import heartbeat_name, read_heartbeat
 from pipeline_lib.launch.spec import PARENT_PID_ENV
@@ -52,7 +53,7 @@ def is_stopped(pid: int) -> bool:
 class TaskProcess:
     """One running task: the Popen, the thread that streams its output to `log_fn`, and the tail of that output."""
 
-    def __init__(self, task: TaskSpec, popen: subprocess.Popen, log_fn: Callable[[str], None],
+    def __init__(self, task: TaskSpec, popen: subprocess.Popen | forkserver.ForkedProcess, log_fn: Callable[[str], None],
                  log_lock: threading.Lock, *, prefix: str | None = None, heartbeat_path: str | None = None):
         self.task = task
         self.popen = popen
@@ -130,15 +131,32 @@ def worker_env(task: TaskSpec, extra_env: Mapping[str, str]) -> dict[str, str]:
 
 def start_worker(task: TaskSpec, spec_path: str, extra_env: Mapping[str, str], log_fn: Callable[[str], None],
                  log_lock: threading.Lock, *, prefix: str | None = None,
-                 heartbeat_dir: str | None = None) -> TaskProcess:
+                 heartbeat_dir: str | None = None, fork: bool = False) -> TaskProcess:
     """Start `python -m pipeline_lib.launch.worker --spec SPEC_PATH` for `task` in its own session.
 
     Its output lines go to `log_fn` as `prefix + line` (default `[worker 1] `); `heartbeat_dir` is where the
-    worker writes its heartbeat (the spec's `heartbeat_dir`), read by `TaskProcess.read_heartbeat`.
+    worker writes its heartbeat (the spec's `heartbeat_dir`), read by `TaskProcess.read_heartbeat`. With `fork`
+    (and `TFDAG_FORK_SERVER` not 0) the process is forked by this process's fork server (`launch.forkserver`),
+    which has TensorFlow imported already; if that server cannot start, the worker starts the plain way.
     """
-    command = [sys.executable, "-m", WORKER_MODULE, "--spec", spec_path]
-    popen = subprocess.Popen(command, env=worker_env(task, extra_env), stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    env = worker_env(task, extra_env)
+    popen = _fork(env, spec_path) if fork and forkserver.enabled(env) else None
+    if popen is None:
+        popen = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, "--spec", spec_path], env=env,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
     logger.debug("started %s as pid %d", task.name, popen.pid)
     path = os.path.join(heartbeat_dir, heartbeat_name(task.cluster)) if heartbeat_dir else None
     return TaskProcess(task, popen, log_fn, log_lock, prefix=prefix, heartbeat_path=path)
+
+
+def _fork(env: dict[str, str], spec_path: str) -> forkserver.ForkedProcess | None:
+    """The worker forked by the fork server for `env` (its parent, so the pid a worker dies with); None when that
+    server cannot start or fork (told as a warning)."""
+    try:
+        server = forkserver.server_for(env)
+        return server.spawn(WORKER_MODULE, ["--spec", spec_path], {**env, PARENT_PID_ENV: str(server.pid)},
+                            os.getcwd())
+    except (OSError, RuntimeError) as error:
+        logger.warning("starting the worker without the fork server: %s", error)
+        return None

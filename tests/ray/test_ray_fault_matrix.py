@@ -78,6 +78,7 @@ class RayHarness(matrix.Harness):
     """The matrix's runs on the Ray launcher."""
 
     startup_allowance_s = 40.0  # an actor starts, then its worker process imports TensorFlow
+    forks_workers = False  # a Ray task starts its worker with a plain `python -m`, its heartbeats on its node
 
     def __init__(self, root: str, cluster):
         super().__init__(root)

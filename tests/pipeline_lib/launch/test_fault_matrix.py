@@ -77,9 +77,14 @@ class Harness:
     # The starting allowance the starting-hang case uses in place of the production 120 s: enough for a task of this
     # launcher to import TensorFlow and restore on a busy 2-core machine.
     startup_allowance_s = 25.0
+    # The local launcher forks its workers from its fork server (pipeline_lib.launch.forkserver): their environment
+    # in /proc is the server's, so they are found by their heartbeats' pids, and their heartbeats read in the spec's
+    # heartbeat directory.
+    forks_workers = True
 
     def __init__(self, root: str):
         self.root = root
+        self.heartbeat_dir: str | None = None
 
     def config(self, **train):
         return make_config(self.root, **train)
@@ -99,6 +104,7 @@ class Harness:
                              restart_backoff_s=0.1)
         plan = plan_for(dataset, config, steps=TOTAL_STEPS)
         spec = make_spec(config, dataset, plan, os.path.join(self.root, "run"))
+        self.heartbeat_dir = spec.heartbeat_dir if self.forks_workers else None
         return config, spec
 
     def find_process(self, worker_index: int) -> psutil.Process | None:
@@ -117,10 +123,26 @@ class Harness:
                 continue
             if task.get("type") == "worker" and task.get("index") == worker_index:
                 return proc
+        return self._forked_process(worker_index)
+
+    def _forked_process(self, worker_index: int) -> psutil.Process | None:
+        """A worker the local launcher's fork server started: its environment is the server's (what Linux shows in
+        /proc), so it is found by the pid its heartbeat names, once it wrote one."""
+        beat = read_heartbeat(os.path.join(self.heartbeat_dir, f"worker-{worker_index}.json")) if self.heartbeat_dir \
+            else None
+        try:
+            proc = psutil.Process(int(beat["pid"])) if beat else None
+            if proc is not None and proc.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD) \
+                    and "pipeline_lib.launch.worker" in " ".join(proc.cmdline()):
+                return proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, ValueError):
+            pass
         return None
 
     def beat(self, worker_index: int) -> dict:
         """The running worker's latest heartbeat, from the directory its spec names ({} when there is none)."""
+        if self.heartbeat_dir:
+            return read_heartbeat(os.path.join(self.heartbeat_dir, f"worker-{worker_index}.json")) or {}
         proc = self.find_process(worker_index)
         try:
             args = proc.cmdline() if proc is not None else []

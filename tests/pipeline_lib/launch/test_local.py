@@ -231,7 +231,8 @@ def test_ctrl_c_to_the_launcher_leaves_no_orphan(tmp_path, dataset):
         while not os.path.exists(heartbeat) and time.monotonic() < deadline and parent.poll() is None:
             time.sleep(0.2)
         assert os.path.exists(heartbeat), "the workers never started stepping"
-        workers = psutil.Process(parent.pid).children(recursive=True)
+        started = psutil.Process(parent.pid).children(recursive=True)  # the workers and their fork server
+        workers = [p for p in started if "pipeline_lib.launch.worker" in " ".join(p.cmdline())]
         assert len(workers) == 2
         parent.send_signal(signal.SIGINT)
         out, _ = parent.communicate(timeout=60)
@@ -240,8 +241,8 @@ def test_ctrl_c_to_the_launcher_leaves_no_orphan(tmp_path, dataset):
             parent.kill()
             parent.wait()
     assert parent.returncode == 130 and "interrupted" in out
-    _, alive = psutil.wait_procs(workers, timeout=10)
-    assert alive == [], f"orphans: {[p.pid for p in alive]}"
+    _, alive = psutil.wait_procs(started, timeout=10)
+    assert alive == [], f"orphans: {[(p.pid, p.cmdline()) for p in alive]}"
 
 
 def test_launcher_module_does_not_import_tensorflow():
