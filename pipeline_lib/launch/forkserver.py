@@ -190,10 +190,11 @@ def _die_with(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _child(request: dict, out_fd: int, keep_closed: Sequence[int]) -> None:
+def _child(request: dict, out_fd: int, keep_closed: Sequence[int], server_pid: int) -> None:
     """In the forked child: become the task's process, run its module's main(), never return."""
     code = 1
     try:
+        _die_with(server_pid)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -288,10 +289,12 @@ def serve(control_fd: int, parent_pid: int) -> None:
             request = json.loads(message)
             sys.stdout.flush()
             sys.stderr.flush()
+            server_pid = os.getpid()
             pid = os.fork()
             if pid == 0:
                 _child(request, out_fd,
-                       [control.fileno(), wake_r, wake_w, status.fileno(), *(s.fileno() for s in children.values())])
+                       [control.fileno(), wake_r, wake_w, status.fileno(), *(s.fileno() for s in children.values())],
+                       server_pid)
             os.close(out_fd)
             children[pid] = status
             with contextlib.suppress(OSError):
