@@ -11,7 +11,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from pipeline_lib.checkpoints import layout, manifests, selection
-from pipeline_lib.checkpoints.records import CheckpointRecord
+from pipeline_lib.checkpoints.records import DATA_POSITION_KEY, CheckpointRecord, DataPosition
 from pipeline_lib.cluster.info import ClusterInfo, worker_scratch_dir
 from pipeline_lib.config import Direction
 from pipeline_lib.core.errors import TfdagError
@@ -45,12 +45,14 @@ class CheckpointStore:
     def is_writer(self) -> bool:
         return self.cluster.is_chief
 
-    def save(self, step: int, metrics_fn: Callable[[], dict[str, float]] | None = None) -> CheckpointRecord | None:
+    def save(self, step: int, metrics_fn: Callable[[], dict[str, float]] | None = None,
+             data_position: DataPosition | None = None) -> CheckpointRecord | None:
         """Write the checkpoint of `step`, then (chief) its manifest last, then apply retention.
 
         Args:
             step: the global step the checkpoint holds.
             metrics_fn: called on the chief after the files are written; its metrics go in the manifest.
+            data_position: an elastic run's position in its data, kept in the manifest.
 
         Returns:
             The chief's CheckpointRecord; None on other workers.
@@ -75,6 +77,8 @@ class CheckpointStore:
             "metrics": {k: float(v) for k, v in metrics.items()},
             "created_at": datetime.datetime.now(datetime.UTC).isoformat(),
         }
+        if data_position is not None:
+            manifest[DATA_POSITION_KEY] = data_position.model_dump(mode="json")
         # The manifest goes last: its presence is what makes the checkpoint count.
         tmp = layout.manifest_path(prefix) + ".tmp"
         with tf.io.gfile.GFile(tmp, "w") as handle:

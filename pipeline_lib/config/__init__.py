@@ -64,6 +64,7 @@ from pipeline_lib.config.run import (  # noqa: F401
 from pipeline_lib.config.train import (  # noqa: F401
     CHECKPOINT_EVAL_METRICS,
     EarlyStoppingConfig,
+    ElasticConfig,
     Isolation,
     Launcher,
     ModelConfig,

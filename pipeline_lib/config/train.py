@@ -79,6 +79,13 @@ class EarlyStoppingConfig(_Frozen):
             )
 
 
+class ElasticConfig(_Frozen):
+    # The fewest training workers an attempt may restart on after a lost worker (train.workers is the most).
+    min_workers: int = Field(ge=1)
+    # How long a lost worker's replacement may take to be placed before the group restarts on fewer workers.
+    wait_s: float = Field(60.0, gt=0.0)
+
+
 class TrainConfig(_Frozen):
     launcher: Launcher = Launcher.LOCAL
     isolation: Isolation = Isolation.PROCESS
@@ -113,6 +120,8 @@ class TrainConfig(_Frozen):
     timeout_s: float | None = Field(None, gt=0.0)
     warm_start_uri: str | None = None
     early_stopping: EarlyStoppingConfig = EarlyStoppingConfig()
+    # Resize on lost workers (None: off): every attempt keeps the global batch and continues the epoch's order.
+    elastic: ElasticConfig | None = None
 
     def uses_parameter_server(self, cluster_has_ps: bool | None = None) -> bool:
         """Whether this run trains under parameter_server: the one rule launcher, worker and strategy share.
@@ -143,4 +152,27 @@ class TrainConfig(_Frozen):
             )
         if self.strategy == Strategy.MULTI_WORKER_MIRRORED and self.parameter_servers:
             raise ValueError("strategy 'multi_worker_mirrored' cannot use parameter servers; set parameter_servers: 0")
+        if self.elastic is not None:
+            self._check_elastic(self.elastic.min_workers)
         return self
+
+    def _check_elastic(self, minimum: int) -> None:
+        """`train.elastic` resizes a synchronous multi-worker group over one global order of the data."""
+        where = f"train.elastic.min_workers ({minimum})"
+        if self.workers < 2:
+            raise ValueError(f"{where} with train.workers {self.workers}: one worker has nothing to shrink to; "
+                             "raise train.workers to 2 or more, or remove train.elastic")
+        if minimum > self.workers:
+            raise ValueError(f"{where} is more than train.workers ({self.workers}), the most an attempt runs on; "
+                             f"set train.elastic.min_workers between 1 and {self.workers}")
+        if self.uses_parameter_server():
+            raise ValueError(
+                f"{where} with parameter-server training: its workers each read their own endless pass over the "
+                "data, asynchronously, so there is no epoch order to continue on fewer workers; use strategy "
+                "multi_worker_mirrored (or auto, parameter_servers: 0), or remove train.elastic")
+        if self.strategy not in (Strategy.AUTO, Strategy.MULTI_WORKER_MIRRORED):
+            raise ValueError(f"{where} with train.strategy '{self.strategy.value}', a one-worker strategy; use "
+                             "multi_worker_mirrored (or auto), or remove train.elastic")
+        if self.autoshard == AutoShard.FILE:
+            raise ValueError(f"{where} with train.autoshard 'file': an elastic run has every worker read every file "
+                             "(one global order, re-split on each resize); set train.autoshard: auto or data")

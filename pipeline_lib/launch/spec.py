@@ -27,6 +27,8 @@ RESULT_NAME = "result.json"
 PARENT_PID_ENV = "TFDAG_PARENT_PID"
 # Test-only: the faults pipeline_lib.testing.faults injects; production code loads test support only when set.
 FAULT_ENV = "TFDAG_FAULT"
+# Test-only: a directory where each worker records the example ids it feeds (pipeline_lib.testing.example_ids).
+EXAMPLE_IDS_ENV = "TFDAG_TEST_EXAMPLE_IDS"
 # Test-only: the fault point after the final checkpoint is saved and before the chief writes its result.
 RESULT_FAULT_POINT = "result"
 

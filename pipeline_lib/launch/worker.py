@@ -38,10 +38,11 @@ from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
 from pipeline_lib.core.exit_codes import run_to_exit_code
 from pipeline_lib.core.quiet import is_verbose, quiet_python_loggers
-from pipeline_lib.data.manifest import load_manifest
+from pipeline_lib.data.manifest import Manifest, load_manifest
 from pipeline_lib.launch.heartbeat import EvalOnHeartbeat, Heartbeat
 from pipeline_lib.launch.prometheus import TaskMetrics
 from pipeline_lib.launch.spec import (
+    EXAMPLE_IDS_ENV,
     FAULT_ENV,
     PARENT_PID_ENV,
     PREEMPTION_EXIT_CODE,
@@ -71,13 +72,22 @@ class FaultHooks(Protocol):
     def on_phase(self, phase: str, step: int) -> None: ...
 
 
+class InputHooks(Protocol):
+    """What the test-only example-id recorder (`pipeline_lib.testing.example_ids.ExampleIdRecorder`) provides."""
+
+    def input_batches(self, batches, input_pipeline_id: int, start_step: int): ...
+
+
 class WorkerHooks(TrainHooks):
-    """The training loop's hooks in a worker: heartbeats with the phase, optional faults (tests), SIGTERM as a stop."""
+    """The training loop's hooks in a worker: heartbeats with the phase, optional faults and example-id records
+    (tests), SIGTERM as a stop."""
 
     def __init__(self, heartbeat: Heartbeat | None, faults: FaultHooks | None = None,
-                 metrics: TaskMetrics | None = None, stop: threading.Event | None = None):
+                 metrics: TaskMetrics | None = None, stop: threading.Event | None = None,
+                 inputs: InputHooks | None = None):
         self.heartbeat = heartbeat
         self.faults = faults
+        self.inputs = inputs
         self.metrics = metrics
         self.preempted = False
         self.stop = stop  # in-process training: the launcher's stop request, in place of SIGTERM
@@ -118,6 +128,11 @@ class WorkerHooks(TrainHooks):
 
     def stop_requested(self) -> bool:
         return self.preempted or (self.stop is not None and self.stop.is_set())
+
+    def input_batches(self, batches, input_pipeline_id: int, start_step: int):
+        if self.inputs is None:
+            return batches
+        return self.inputs.input_batches(batches, input_pipeline_id, start_step)
 
     def install_sigterm(self) -> None:
         """SIGTERM sets the stop request: the loop saves a coordinated checkpoint at the next step boundary."""
@@ -160,6 +175,17 @@ def _create_fault_hooks(spec: WorkerSpec, config: PipelineConfig, cluster: Clust
         return None
     injector.install_save_hook()
     return injector
+
+
+def _create_input_hooks(manifest: Manifest, cluster: ClusterInfo) -> InputHooks | None:
+    """Test-only: the example-id recorder when TFDAG_TEST_EXAMPLE_IDS names a directory, else None."""
+    directory = os.environ.get(EXAMPLE_IDS_ENV)
+    if not directory:
+        return None
+    # Test support is loaded only when a test asks for the record: production runs never import it.
+    from pipeline_lib.testing.example_ids import ExampleIdRecorder
+
+    return ExampleIdRecorder(directory, manifest.feature_schema, cluster.num_workers)
 
 
 def _start_metrics(spec: WorkerSpec, config: PipelineConfig, cluster: ClusterInfo,
@@ -233,7 +259,8 @@ def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None, *, config: 
         offset = order.index((cluster.task_type, cluster.task_index)) if order else 0
         start_profiler_server(config.observability.profiler_port + offset)
     faults = None if in_process else _create_fault_hooks(spec, config, cluster)
-    hooks = WorkerHooks(heartbeat, faults, metrics, stop=stop)
+    inputs = None if in_process else _create_input_hooks(manifest, cluster)
+    hooks = WorkerHooks(heartbeat, faults, metrics, stop=stop, inputs=inputs)
     choice = strategies.create_strategy(config.train, cluster)
     if not in_process:
         # After the strategy: MultiWorkerMirrored's coordination service installs a C++ SIGTERM notifier

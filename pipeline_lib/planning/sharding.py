@@ -250,7 +250,10 @@ def plan_shards(
 
 def plan_for_train(manifest: Manifest, train: TrainConfig, replicas_per_worker: int, *,
                    num_workers: int | None = None) -> ShardPlan:
-    """`plan_shards` with the sizes a `train` config section asks for (workers, batch, epochs or steps, policy)."""
+    """`plan_shards` with the sizes a `train` config section asks for (workers, batch, epochs or steps, policy).
+
+    An elastic run (`train.elastic`) is planned DATA: every worker of every attempt reads every file.
+    """
     return plan_shards(
         manifest,
         num_workers=num_workers or train.workers,
@@ -258,7 +261,7 @@ def plan_for_train(manifest: Manifest, train: TrainConfig, replicas_per_worker: 
         per_replica_batch_size=train.per_replica_batch_size,
         epochs=train.epochs,
         steps=train.steps,
-        policy=train.autoshard,
+        policy=AutoShard.DATA if train.elastic is not None else train.autoshard,
     )
 
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from pipeline_lib.checkpoints import layout
-from pipeline_lib.checkpoints.records import TRAIN_LOSS_METRIC, CheckpointRecord
+from pipeline_lib.checkpoints.records import TRAIN_LOSS_METRIC, CheckpointRecord, DataPosition
 from pipeline_lib.config import TrainConfig
 from pipeline_lib.training.agreement import GroupStop
 from pipeline_lib.training.early_stopping import EarlyStop, EarlyStopping, StopRule
@@ -28,7 +28,8 @@ class LoopController:
     `steps_to_next` bounds each run of steps by the next log step, the next checkpoint step and the end;
     `after_execution` calls the step hooks, logs, checkpoints and honours what the group agreed: a stop request
     or the chief's early stop (`early_stopping` observes each evaluation, and so does `stop_rule`, a tuning trial's
-    pruner, whose stop ends training the same way); `finish` saves the last step. A
+    pruner, whose stop ends training the same way); `finish` saves the last step; an elastic run's checkpoints keep
+    its data position (`data_position_fn`). A
     checkpoint is evaluated (chief) after `store.save` writes it and then published; `before_save` runs first
     (the parameter-server coordinator's join, so the saved variables hold every scheduled step). The hooks hear
     each phase change: SAVING around a checkpoint, FINISHING from the last step on.
@@ -41,7 +42,7 @@ class LoopController:
                  hooks: TrainHooks, progress: ProgressLogger, evaluate: Callable[[], dict[str, float]] | None,
                  before_save: Callable[[], None] | None = None, restored_loss: float = float("nan"),
                  profile: ProfileWindow | None = None, early_stopping: EarlyStopping | None = None,
-                 stop_rule: StopRule | None = None):
+                 stop_rule: StopRule | None = None, data_position_fn: Callable[[int], DataPosition] | None = None):
         self.config, self.total_steps, self.global_batch = train_config, total_steps, global_batch
         self.state, self.hooks, self.progress = state, hooks, progress
         self.evaluate, self.before_save = evaluate, before_save
@@ -56,6 +57,7 @@ class LoopController:
         self.early_stopping = early_stopping
         # Not replayed on a restore: its outcome may depend on what other processes did since (a pruner's study).
         self.stop_rule = stop_rule
+        self.data_position_fn = data_position_fn  # an elastic run's position at a step, kept with its checkpoint
         self.early_stop: EarlyStop | None = None  # set when the group agreed to stop early (or a pruner's stop)
         if early_stopping is not None:
             early_stopping.replay(state.restored)
@@ -181,7 +183,8 @@ class LoopController:
             return {**metrics, TRAIN_LOSS_METRIC: train_loss} if math.isfinite(train_loss) else metrics
 
         started = time.monotonic()
-        record = self.state.store.save(at_step, metrics_fn=measure)
+        position = self.data_position_fn(at_step) if self.data_position_fn is not None else None
+        record = self.state.store.save(at_step, metrics_fn=measure, data_position=position)
         self._publish_to_run_dir(record)
         self.hooks.on_checkpoint(at_step, time.monotonic() - started)
         self._last_saved = at_step

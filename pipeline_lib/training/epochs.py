@@ -1,4 +1,5 @@
-"""The loop's training input: each epoch's batches for one input pipeline, reshuffled by a fixed seed per epoch."""
+"""The loop's training input: each epoch's batches for one input pipeline, reshuffled by a fixed seed per epoch;
+for an elastic run, each worker's slice of one global order."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from pipeline_lib.config import TrainConfig
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.planning.sharding import AutoShardPolicy, ShardPlan
 from pipeline_lib.training import input_pipeline
+from pipeline_lib.training.elastic import ElasticAttempt
 from pipeline_lib.training.errors import TrainingError
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
+# A watcher of one input pipeline's batches (`TrainHooks.input_batches`): (batches, pipeline id, start step) → batches.
+InputBatchesFn = Callable[[tf.data.Dataset, int, int], tf.data.Dataset]
 
 
 def epoch_seed(seed: int, epoch: int | tf.Tensor) -> int | tf.Tensor:
@@ -75,7 +79,8 @@ def _pipeline_data(plan: ShardPlan, pipeline_id: int, num_pipelines: int) -> tup
 
 
 def create_synchronous_dataset_fn(manifest: Manifest, plan: ShardPlan, train_config: TrainConfig, num_replicas: int,
-                                  global_batch: int, start_step: int, is_classification: bool) -> DatasetFn:
+                                  global_batch: int, start_step: int, is_classification: bool,
+                                  input_batches: InputBatchesFn | None = None) -> DatasetFn:
     """The `dataset_fn` of a synchronous strategy: the plan's share of every epoch, resumed at `start_step`.
 
     Raises (when called):
@@ -98,8 +103,9 @@ def create_synchronous_dataset_fn(manifest: Manifest, plan: ShardPlan, train_con
                 f"but the shard plan needs {needed} ({steps_per_epoch} steps × {replicas_per_pipeline} replicas); "
                 "re-plan the shards for this cluster"
             )
-        return epochs_dataset(manifest, train_config, batch, files, shard, is_classification, needed,
-                              start_epoch, start_position * replicas_per_pipeline, num_epochs)
+        batches = epochs_dataset(manifest, train_config, batch, files, shard, is_classification, needed,
+                                 start_epoch, start_position * replicas_per_pipeline, num_epochs)
+        return input_batches(batches, pipeline_id, start_step) if input_batches is not None else batches
 
     return dataset_fn
 
@@ -120,5 +126,67 @@ def create_parameter_server_dataset_fn(manifest: Manifest, train_config: TrainCo
             seed=epoch_seed(train_config.seed, input_context.input_pipeline_id),
             shuffle_buffer=train_config.shuffle_buffer, repeat=True, drop_remainder=True,
             is_classification=is_classification)
+
+    return dataset_fn
+
+
+def elastic_records(manifest: Manifest, train_config: TrainConfig, *, epoch_records: int, start_record: int,
+                    global_batch: int, num_workers: int, worker: int, num_steps: int,
+                    with_ids: bool = False) -> tf.data.Dataset:
+    """One worker's records of an elastic run for `num_steps` global steps from record `start_record` of its stream.
+
+    Epoch e's order is every train record in file order, shuffled with `epoch_seed(train.seed, e)` (the same on
+    every worker, whatever their number), cut to its first `epoch_records`; the stream is the epochs' orders one
+    after the other. Global step j takes records [start_record + j·G, start_record + (j+1)·G) of it, G =
+    `global_batch`, and worker w of K its slice [w·G/K, (w+1)·G/K) of those: so each record of each epoch is used
+    once, however the steps were split over attempts of different sizes. `with_ids` yields each record's index in
+    file order instead of the record (the same order: a shuffle's permutation does not depend on the values).
+    """
+    if global_batch % num_workers:
+        raise TrainingError(f"global batch {global_batch} does not split over {num_workers} workers; "
+                            "elastic.create_attempt chooses one that does")
+    per_worker = global_batch // num_workers
+    first_epoch, offset = divmod(start_record, epoch_records)
+    num_epochs = first_epoch + -(-(offset + num_steps * global_batch) // epoch_records)
+    low, high = worker * per_worker, (worker + 1) * per_worker
+
+    def epoch_order(epoch: tf.Tensor) -> tf.data.Dataset:
+        _seedable_in_trace()
+        records = input_pipeline.read_records(manifest, "train")
+        if with_ids:
+            records = records.enumerate().map(lambda index, _record: index)
+        if train_config.shuffle:
+            records = records.shuffle(train_config.shuffle_buffer, seed=epoch_seed(train_config.seed, epoch),
+                                      reshuffle_each_iteration=True)
+        return records.take(epoch_records)
+
+    stream = tf.data.Dataset.range(first_epoch, num_epochs).flat_map(epoch_order).skip(offset)
+    steps = stream.batch(global_batch, drop_remainder=True).take(num_steps)
+    return steps.map(lambda batch: batch[low:high]).unbatch()
+
+
+def create_elastic_dataset_fn(manifest: Manifest, train_config: TrainConfig, attempt: ElasticAttempt, total_steps: int,
+                              is_classification: bool, input_batches: InputBatchesFn | None = None) -> DatasetFn:
+    """The `dataset_fn` of an elastic run's attempt: each worker's slice of the global order (`elastic_records`)
+    from the attempt's position to `total_steps`, in per-replica batches.
+
+    Raises (when called):
+        TrainingError: when the strategy's input pipelines are not the attempt's workers.
+    """
+
+    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        if input_context.num_input_pipelines != attempt.num_workers:
+            raise TrainingError(f"the strategy has {input_context.num_input_pipelines} input pipeline(s) but the "
+                                f"elastic attempt {attempt.num_workers} worker(s); one input pipeline per worker")
+        batch = input_context.get_per_replica_batch_size(attempt.global_batch)
+        records = elastic_records(manifest, train_config, epoch_records=attempt.epoch_records,
+                                  start_record=attempt.start_records, global_batch=attempt.global_batch,
+                                  num_workers=attempt.num_workers, worker=input_context.input_pipeline_id,
+                                  num_steps=total_steps - attempt.start_step)
+        batches = input_pipeline.batches_from_records(records, manifest, batch, drop_remainder=True,
+                                                      is_classification=is_classification)
+        if input_batches is not None:
+            batches = input_batches(batches, input_context.input_pipeline_id, attempt.start_step)
+        return batches
 
     return dataset_fn

@@ -80,7 +80,8 @@ class TrainHooks:
     `on_step_end(step, examples, loss)` gets the global step just finished, the examples of that
     step over all replicas, and its loss. `on_phase(phase, step)` is called when the task enters another
     `Phase` (a save, back to stepping, the finish). `stop_requested()` is polled between executions; when
-    it returns True (on any worker) the loop saves a checkpoint and raises TrainingInterrupted.
+    it returns True (on any worker) the loop saves a checkpoint and raises TrainingInterrupted. `input_batches` may
+    wrap each input pipeline's batches of a synchronous strategy.
     """
 
     def on_restored(self, step: int) -> None:
@@ -100,3 +101,8 @@ class TrainHooks:
 
     def stop_requested(self) -> bool:
         return False
+
+    def input_batches(self, batches, input_pipeline_id: int, start_step: int):
+        """The `tf.data.Dataset` of batches one input pipeline feeds from `start_step` on, to use in its place (a
+        watcher's map); the default is the dataset itself."""
+        return batches

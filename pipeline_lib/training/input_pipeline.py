@@ -329,9 +329,7 @@ def create_dataset(
             raise ValueError(f"shard {shard} must be (num_shards ≥ 1, 0 ≤ index < num_shards)")
     if isinstance(skip_batches, int) and skip_batches < 0:
         raise ValueError(f"skip_batches ({skip_batches}) must be ≥ 0")
-    uris = shard_uris(manifest, split, files)
-    compression = "GZIP" if manifest.compression == "gzip" else ""
-    dataset = tf.data.TFRecordDataset(uris, compression_type=compression, buffer_size=READ_BUFFER_BYTES)
+    dataset = read_records(manifest, split, files)
     if shard is not None and shard[0] > 1:
         dataset = dataset.shard(shard[0], shard[1])
     if shuffle:
@@ -341,6 +339,24 @@ def create_dataset(
     if not isinstance(skip_batches, int) or skip_batches:
         # On records, before any batching: the same records as skipping `skip_batches` batches of batch_size.
         dataset = dataset.skip(skip_batches * batch_size)
+    return batches_from_records(dataset, manifest, batch_size, drop_remainder=drop_remainder,
+                                is_classification=is_classification)
+
+
+def read_records(manifest: Manifest, split: str, files: Sequence[str] | None = None) -> tf.data.Dataset:
+    """The serialized records of a split's shards (default every shard), in file order.
+
+    Raises:
+        ValueError: when the split has no shards or a path is not in the manifest.
+    """
+    uris = shard_uris(manifest, split, files)
+    compression = "GZIP" if manifest.compression == "gzip" else ""
+    return tf.data.TFRecordDataset(uris, compression_type=compression, buffer_size=READ_BUFFER_BYTES)
+
+
+def batches_from_records(dataset: tf.data.Dataset, manifest: Manifest, batch_size: int, *,
+                         drop_remainder: bool = False, is_classification: bool | None = None) -> tf.data.Dataset:
+    """A stream of serialized records as parsed, prefetched batches of `(inputs, labels)` (see `create_dataset`)."""
     parse_rows = parse_batch_size(batch_size)
     # A partial last parse batch is kept when re-cutting: rebatch decides, by drop_remainder, about its tail.
     dataset = dataset.batch(parse_rows, drop_remainder=drop_remainder and parse_rows == batch_size)

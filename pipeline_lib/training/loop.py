@@ -20,7 +20,7 @@ from pipeline_lib.cluster.info import ClusterInfo, cluster_from_env
 from pipeline_lib.config import PipelineConfig, Strategy, Task
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.planning.sharding import ShardPlan
-from pipeline_lib.training import epochs, input_pipeline, staging
+from pipeline_lib.training import elastic, epochs, input_pipeline, staging
 from pipeline_lib.training import strategy as strategies
 from pipeline_lib.training.agreement import StopAgreement
 from pipeline_lib.training.controller import LoopController
@@ -102,14 +102,21 @@ def train(
                                             storage_options=config.storage_options)
     is_classification = config.model.task == Task.CLASSIFICATION
     coordinator = None
+    attempt = None  # an elastic run's attempt: its size from the cluster, its global batch from the plan
     if is_parameter_server:
         _check_coordinator(cluster, config)
         # Each scheduled step runs on one worker; its batch is that worker's replicas.
         global_batch = plan.per_replica_batch_size * choice.num_replicas
         coordinator = tf.distribute.coordinator.ClusterCoordinator(choice.strategy)
+    elif train_config.elastic is not None:
+        attempt = elastic.create_attempt(plan, train_config, choice.num_workers, choice.replicas_per_worker)
+        global_batch = attempt.global_batch
     else:
         global_batch = synchronous_global_batch(plan, choice, config)
-    state = create_training_state(config, manifest, plan, run_dir, cluster, choice)
+    state = create_training_state(config, manifest, plan, run_dir, cluster, choice, attempt)
+    if attempt is not None:
+        attempt = elastic.resume(attempt, state.restored, state.start_step)
+        logger.info("%s", attempt.describe())
     hooks.on_restored(state.start_step)
     step_metrics = config.observability.step_metrics
     # Op determinism refuses the clock op that times the wait for input.
@@ -131,12 +138,18 @@ def train(
                                 before_save=coordinator.join if coordinator is not None else None,
                                 restored_loss=restored.get(TRAIN_LOSS_METRIC, math.nan), profile=profile,
                                 early_stopping=early_stopping,
-                                stop_rule=stop_rule if cluster.is_chief else None)
+                                stop_rule=stop_rule if cluster.is_chief else None,
+                                data_position_fn=attempt.position_at if attempt is not None else None)
     try:
         try:
-            if coordinator is None:
+            if attempt is not None:
+                dataset_fn = epochs.create_elastic_dataset_fn(manifest, train_config, attempt, plan.total_steps,
+                                                              is_classification, hooks.input_batches)
+                _run_synchronous(choice, dataset_fn, train_step, controller, hooks, plan)
+            elif coordinator is None:
                 dataset_fn = epochs.create_synchronous_dataset_fn(manifest, plan, train_config, choice.num_replicas,
-                                                                  global_batch, state.start_step, is_classification)
+                                                                  global_batch, state.start_step, is_classification,
+                                                                  hooks.input_batches)
                 _run_synchronous(choice, dataset_fn, train_step, controller, hooks, plan)
             else:
                 dataset_fn = epochs.create_parameter_server_dataset_fn(manifest, train_config, global_batch,
@@ -163,10 +176,10 @@ def train(
         strategy_reason=choice.reason,
         num_workers=choice.num_workers,
         num_replicas=choice.num_replicas,
-        per_replica_batch_size=plan.per_replica_batch_size,
+        per_replica_batch_size=attempt.per_replica_batch if attempt is not None else plan.per_replica_batch_size,
         global_batch_size=global_batch,
         base_learning_rate=train_config.base_learning_rate,
-        scaled_learning_rate=strategies.scaled_learning_rate(
+        scaled_learning_rate=attempt.learning_rate if attempt is not None else strategies.scaled_learning_rate(
             train_config.base_learning_rate, train_config.lr_scaling, choice.num_replicas),
         lr_scaling=train_config.lr_scaling.value,
         steps_per_epoch=plan.steps_per_epoch,

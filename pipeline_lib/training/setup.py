@@ -20,6 +20,7 @@ from pipeline_lib.planning.sharding import ShardPlan
 from pipeline_lib.training import models
 from pipeline_lib.training import strategy as strategies
 from pipeline_lib.training.early_stopping import PatienceState
+from pipeline_lib.training.elastic import ElasticAttempt
 from pipeline_lib.training.errors import TrainingError
 
 logger = logging.getLogger(__name__)
@@ -89,20 +90,29 @@ def synchronous_global_batch(plan: ShardPlan, choice: strategies.StrategyChoice,
 
 
 def create_training_state(config: PipelineConfig, manifest: Manifest, plan: ShardPlan, run_dir: str,
-                          cluster: ClusterInfo, choice: strategies.StrategyChoice) -> TrainingState:
+                          cluster: ClusterInfo, choice: strategies.StrategyChoice,
+                          elastic: ElasticAttempt | None = None) -> TrainingState:
     """Build the model, optimizer and step under the strategy, and restore them from the run's newest checkpoint.
+
+    An elastic attempt (`elastic`) trains at its own learning rate, whatever rate the checkpoint was saved with.
 
     Raises:
         TrainingError: when the restored checkpoint is past the plan's total_steps.
     """
     run_storage = RunStorage(run_dir, cluster, config.storage_options, checkpoint_subdir=CHECKPOINT_DIR,
                              tensorboard_subdir=TENSORBOARD_DIR)
-    model, optimizer, step_var, patience, checkpoint = _create_variables(config, manifest, choice)
+    # The learning rate's replicas: an elastic attempt's global batch in configured per-replica batches.
+    lr_replicas = (elastic.global_batch / plan.per_replica_batch_size) if elastic is not None else choice.num_replicas
+    model, optimizer, step_var, patience, checkpoint = _create_variables(config, manifest, choice, lr_replicas)
     best_metric, best_direction = selection.selection_metric(config)
     store = CheckpointStore(run_storage.local_checkpoint_dir, checkpoint, cluster=cluster,
                             keep=config.train.keep_checkpoints, best_metric=best_metric, best_direction=best_direction)
     restored = _restore(store, checkpoint, model, choice, config, run_storage)
     start_step = int(checkpoint.step.numpy()) if restored is not None else 0
+    if elastic is not None and restored is not None and not config.train.warmup_steps:
+        # A constant rate is an optimizer variable, which the restore just set to the rate of the attempt that saved.
+        with choice.strategy.scope():
+            optimizer.learning_rate = elastic.learning_rate
     if start_step > plan.total_steps:
         raise TrainingError(f"the checkpoint in {run_storage.local_checkpoint_dir} is at step {start_step}, past the "
                             f"plan's total_steps ({plan.total_steps}); use a fresh run_dir or raise train.steps")
@@ -137,11 +147,12 @@ def _build_model(config: PipelineConfig, manifest: Manifest) -> keras.Model:
         keras.config.set_dtype_policy(previous)
 
 
-def _create_variables(config: PipelineConfig, manifest: Manifest, choice: strategies.StrategyChoice):
+def _create_variables(config: PipelineConfig, manifest: Manifest, choice: strategies.StrategyChoice,
+                      lr_replicas: float):
     patience = PatienceState()  # outside the scope: the chief's plain variables, never mirrored nor all-reduced
     with choice.strategy.scope():
         model = _build_model(config, manifest)
-        learning_rate = strategies.create_learning_rate(config.train, choice.num_replicas)
+        learning_rate = strategies.create_learning_rate(config.train, lr_replicas)
         optimizer = _create_optimizer(config, learning_rate, config.train.mixed_precision)
         # Built now, not on the first apply, so a restore finds every slot variable to fill.
         optimizer.build(model.trainable_variables)

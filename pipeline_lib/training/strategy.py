@@ -192,11 +192,14 @@ def _create_tpu_strategy() -> tf.distribute.Strategy:
     return tf.distribute.TPUStrategy(resolver)
 
 
-def scaled_learning_rate(base_lr: float, rule: LrScaling | str, num_replicas: int) -> float:
-    """The learning rate for `num_replicas` replicas: base × n (linear), × √n (sqrt) or unchanged (none)."""
+def scaled_learning_rate(base_lr: float, rule: LrScaling | str, num_replicas: float) -> float:
+    """The learning rate for `num_replicas` replicas: base × n (linear), × √n (sqrt) or unchanged (none).
+
+    An elastic run passes a global batch's worth of configured per-replica batches, which may be fractional.
+    """
     rule = LrScaling(rule)
-    if num_replicas < 1:
-        raise ValueError(f"num_replicas ({num_replicas}) must be ≥ 1")
+    if num_replicas <= 0:
+        raise ValueError(f"num_replicas ({num_replicas}) must be > 0")
     if rule == LrScaling.LINEAR:
         return base_lr * num_replicas
     if rule == LrScaling.SQRT:
@@ -224,7 +227,7 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return {"learning_rate": self.learning_rate, "warmup_steps": self.warmup_steps}
 
 
-def create_learning_rate(train: TrainConfig, num_replicas: int):
+def create_learning_rate(train: TrainConfig, num_replicas: float):
     """The optimizer's learning rate: the scaled rate, behind the warmup schedule when warmup_steps > 0."""
     rate = scaled_learning_rate(train.base_learning_rate, train.lr_scaling, num_replicas)
     return WarmupSchedule(rate, train.warmup_steps) if train.warmup_steps else rate

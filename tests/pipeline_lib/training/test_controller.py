@@ -29,10 +29,11 @@ class _Store:
     def __init__(self):
         self.saved = []
 
-    def save(self, step, metrics_fn=None):
+    def save(self, step, metrics_fn=None, data_position=None):
         metrics = metrics_fn() if metrics_fn is not None else {}
         self.saved.append(step)
-        return CheckpointRecord(step=step, path=f"/run/checkpoints/ckpt-{step}", metrics=metrics)
+        return CheckpointRecord(step=step, path=f"/run/checkpoints/ckpt-{step}", metrics=metrics,
+                                data_position=data_position)
 
 
 class _Progress:
