@@ -36,8 +36,9 @@ def write_dataset_on_disk(root: str, **kwargs) -> Manifest:
     return manifest
 
 
-def write_digits_dataset(root: str) -> Manifest:
-    """scikit-learn's bundled 8x8 digits (no download) as TFRecords: x = 64 pixels / 16, label 0..9."""
+def write_digits_dataset(root: str, *, example_ids: bool = False) -> Manifest:
+    """scikit-learn's bundled 8x8 digits (no download) as TFRecords: x = 64 pixels / 16, label 0..9; with
+    `example_ids`, also the float feature `example_id`: each row's index in its split's file."""
     import tensorflow as tf
     from sklearn.datasets import load_digits
 
@@ -53,17 +54,21 @@ def write_digits_dataset(root: str) -> Manifest:
         relative = f"{split}/part-00000-of-00001.tfrecord"
         path = os.path.join(root, relative)
         with tf.io.TFRecordWriter(path) as writer:
-            for x, y in zip(features[rows], labels[rows], strict=True):
-                example = tf.train.Example(features=tf.train.Features(feature={
+            for index, (x, y) in enumerate(zip(features[rows], labels[rows], strict=True)):
+                feature = {
                     "x": tf.train.Feature(float_list=tf.train.FloatList(value=x.tolist())),
                     "target": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y)])),
-                }))
+                }
+                if example_ids:
+                    feature["example_id"] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(index)]))
+                example = tf.train.Example(features=tf.train.Features(feature=feature))
                 writer.write(example.SerializeToString())
         with open(path, "rb") as handle:
             digest = hashlib.sha256(handle.read()).hexdigest()
         shards.append(ShardInfo(split=split, path=relative, num_records=len(labels[rows]),
                                 num_bytes=os.path.getsize(path), sha256=digest))
-    schema = Schema(features=(FeatureSpec(name="x", dtype=DType.FLOAT32, shape=(64,)),),
+    ids = (FeatureSpec(name="example_id", dtype=DType.FLOAT32),) if example_ids else ()
+    schema = Schema(features=(FeatureSpec(name="x", dtype=DType.FLOAT32, shape=(64,)), *ids),
                     label=FeatureSpec(name="target", dtype=DType.INT64), num_classes=10)
     manifest = Manifest(fingerprint="digits", dataset_uri=root, feature_schema=schema, shards=tuple(shards),
                         source=SourceFingerprint(files=(), sha256="0" * 64))
