@@ -32,6 +32,7 @@ from pipeline_lib.data.statistics import load_statistics
 from pipeline_lib.evaluation import slicing
 from pipeline_lib.evaluation.metrics import load_model
 from pipeline_lib.evaluation.report import GateDecision
+from pipeline_lib.launch import launchers
 from pipeline_lib.planning import sharding
 from pipeline_lib.tracking import lineage, reproducibility
 from pipeline_lib.tracking import run as tracking_run
@@ -222,6 +223,7 @@ def prepare(config: PipelineConfig, progress: _Progress, run_name: str, tags: di
         # Started before any data is converted, so that a failure in any later stage ends a FAILED run.
         progress("start_tracking_run")
         run_id = progress.mlflow_run_id = stages.start_tracking_run(config, run_name, tags)
+    launchers.warm_up(config)  # e.g. the local launcher's fork server imports TensorFlow while data converts
     progress("convert_to_tfrecords")
     manifest = stages.convert_to_tfrecords(config)
     if config.validation.enabled:

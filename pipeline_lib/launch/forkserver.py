@@ -246,7 +246,8 @@ def serve(control_fd: int, parent_pid: int) -> None:
     if setproctitle is not None:
         # Its first call moves the environment to make room for titles: here, while the environment is the one the
         # process started with (a child's title is set after its environment changed).
-        setproctitle.setproctitle(" ".join([sys.executable, "-m", *sys.argv]))
+        setproctitle.setproctitle(f"{sys.executable} -m pipeline_lib.launch.forkserver (tfdag's fork server of pid "
+                                  f"{parent_pid})")
     control = socket.socket(fileno=control_fd)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

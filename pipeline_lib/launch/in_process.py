@@ -120,6 +120,10 @@ config_model = None  # `train.isolation: none` on the local launcher, which has 
 check_inputs = local.check_inputs
 
 
+def warm_up(config: PipelineConfig) -> None:
+    """Nothing to start: the worker trains on a thread of this process."""
+
+
 def launch_training(config: PipelineConfig, manifest: Manifest, plan: ShardPlan, run_dir: str, *,
                     options: LaunchOptions = DEFAULT_OPTIONS) -> TrainResult:
     """The local launcher's `launch_training` with the one worker on a thread of this process."""

@@ -17,7 +17,7 @@ from pipeline_lib.planning.sharding import ShardPlan
 from pipeline_lib.training.results import TrainResult
 
 __all__ = ["LAUNCHERS", "LaunchOptions", "Launcher", "check_inputs", "get_launcher", "launch_training",
-           "launcher_for"]
+           "launcher_for", "warm_up"]
 
 LAUNCHERS: dict[str, str] = {
     "local": "pipeline_lib.launch.local",
@@ -49,6 +49,11 @@ def launcher_for(config: PipelineConfig) -> Launcher:
 def check_inputs(config: PipelineConfig, environ: Mapping[str, str] | None = None) -> None:
     """The input checks of the config's launcher (`launch.inputs.check_inputs` runs them before a flow starts)."""
     launcher_for(config).check_inputs(config, environ)
+
+
+def warm_up(config: PipelineConfig) -> None:
+    """Let the config's launcher get ready in the background (see `Launcher.warm_up`); returns at once."""
+    launcher_for(config).warm_up(config)
 
 
 def launch_training(config: PipelineConfig, manifest: Manifest, plan: ShardPlan, run_dir: str, *,

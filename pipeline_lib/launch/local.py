@@ -46,7 +46,12 @@ from pipeline_lib.launch.errors import (
 )
 from pipeline_lib.launch.exits import user_error_line
 from pipeline_lib.launch.group import TaskGroup
-from pipeline_lib.launch.processes import TaskProcess, TaskSpec, start_worker
+from pipeline_lib.launch.processes import (
+    TaskProcess,
+    TaskSpec,
+    start_worker,
+    warm_fork_server,
+)
 from pipeline_lib.launch.protocol import DEFAULT_OPTIONS, LaunchOptions
 from pipeline_lib.launch.spec import USER_ERROR_EXIT_CODE, WorkerSpec, write_spec
 from pipeline_lib.launch.supervisor import AttemptSupervisor, TrainProgress
@@ -253,6 +258,14 @@ config_model = None  # no settings of its own: `train` sizes the cluster and the
 
 def check_inputs(config: PipelineConfig, environ: Mapping[str, str] | None = None) -> None:
     """Nothing beyond what every launch checks: the local cluster is started by the launch itself."""
+
+
+def warm_up(config: PipelineConfig) -> None:
+    """Start this process's fork server for the workers of `config` on a background thread (its TensorFlow import
+    overlaps the stages before training); a failure there is left to the launch, which starts workers without it."""
+    task = TaskSpec(ClusterInfo(), is_trainer=True, env_tf_config=False)
+    threading.Thread(target=warm_fork_server, args=(task, config.for_process()[1]), name="tfdag-warm-up",
+                     daemon=True).start()
 
 
 def launch_training(config: PipelineConfig, manifest: Manifest, plan: ShardPlan, run_dir: str, *,

@@ -160,3 +160,11 @@ def _fork(env: dict[str, str], spec_path: str) -> forkserver.ForkedProcess | Non
     except (OSError, RuntimeError) as error:
         logger.warning("starting the worker without the fork server: %s", error)
         return None
+
+
+def warm_fork_server(task: TaskSpec, extra_env: Mapping[str, str]) -> None:
+    """Start the fork server `start_worker(..., fork=True)` would use for `task` (no-op when it runs or is off)."""
+    env = worker_env(task, extra_env)
+    if forkserver.enabled(env):
+        with contextlib.suppress(OSError, RuntimeError):
+            forkserver.server_for(env)

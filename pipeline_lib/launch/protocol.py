@@ -61,6 +61,11 @@ class Launcher(Protocol):
             UserError: the input that cannot work, naming the value, where it came from and the fix.
         """
 
+    def warm_up(self, config: PipelineConfig) -> None:
+        """Start, in the background, what a later `launch_training` of `config` would wait for (the local launcher:
+        its fork server's TensorFlow import, while the flow converts data); return at once. Nothing is required
+        of it: a launch works without it."""
+
     def launch_training(self, config: PipelineConfig, manifest: Manifest, plan: ShardPlan, run_dir: str, *,
                         options: LaunchOptions = DEFAULT_OPTIONS) -> TrainResult:
         """Train `config` on `manifest` under `plan` into `run_dir`, supervise to the end, return the chief's

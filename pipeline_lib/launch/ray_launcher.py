@@ -365,6 +365,10 @@ def check_inputs(config: PipelineConfig, environ: Mapping[str, str] | None = Non
     config.train.ray.resolved_address(dict(environ) if environ is not None else None)
 
 
+def warm_up(config: PipelineConfig) -> None:
+    """Nothing to start here: each task's actor starts its own worker process on its node."""
+
+
 def launch_training(config: PipelineConfig, manifest: Manifest, plan: ShardPlan, run_dir: str, *,
                     options: LaunchOptions = DEFAULT_OPTIONS) -> TrainResult:
     """Train on the Ray cluster at train.ray.address (or RAY_ADDRESS): the train stage's entry point for Ray.

@@ -7,6 +7,7 @@ import ast
 import inspect
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ def test_each_registered_launcher_satisfies_the_protocol(name):
     options = inspect.signature(launcher.launch_training).parameters["options"]
     assert options.kind == inspect.Parameter.KEYWORD_ONLY and options.default == launchers.LaunchOptions()
     assert list(inspect.signature(launcher.check_inputs).parameters) == ["config", "environ"]
+    assert list(inspect.signature(launcher.warm_up).parameters) == ["config"]
     if launcher.config_model is not None:  # its settings are the section train.<name>, of its own model
         assert TrainConfig.model_fields[name].annotation is launcher.config_model
 
@@ -39,6 +41,20 @@ def test_every_train_launcher_value_is_registered_and_nothing_else_but_in_proces
 def test_an_unregistered_name_names_the_registered_ones():
     with pytest.raises(LookupError, match=r"no launcher 'k8s' is registered .*\(registered: in_process, local, ray\)"):
         launchers.get_launcher("k8s")
+
+
+def test_the_local_warm_up_starts_the_fork_server_its_launch_will_fork_from(tmp_path):
+    from pipeline_lib.cluster.info import ClusterInfo
+    from pipeline_lib.launch import forkserver
+    from pipeline_lib.launch.processes import TaskSpec, worker_env
+
+    config = make_config(str(tmp_path))
+    launchers.warm_up(config)
+    env = worker_env(TaskSpec(ClusterInfo(), is_trainer=True, env_tf_config=False), config.for_process()[1])
+    deadline = time.monotonic() + 120
+    while forkserver.server_key(env) not in forkserver._servers and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert forkserver.server_for(env).alive()
 
 
 def test_a_config_picks_its_launcher(tmp_path):
