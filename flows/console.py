@@ -29,6 +29,7 @@ from pipeline_lib.core.events import (
     ConversionProgress,
     Event,
     EventFn,
+    Resize,
     Restart,
     RunSummary,
     StageFinished,
@@ -71,6 +72,8 @@ class PlainConsole:
     def __call__(self, event: Event) -> None:
         if isinstance(event, StageFinished):
             self.stages.append(event)
+        elif isinstance(event, Resize):
+            self.console.print(Text(f"⇅ {event.text}", style="yellow"))
         elif isinstance(event, RunSummary):
             self.close()
             for line in event.lines:

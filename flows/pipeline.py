@@ -74,6 +74,7 @@ class PipelineSummary(BaseModel):
     final_step: int
     num_restarts: int
     restarts: list[str]  # each restart: its cause and the step it resumed from
+    resizes: list[dict[str, Any]] = []  # an elastic run's resizes: {"from": 3, "to": 2, "step": 1200, "reason": ...}
     blessed: bool
     gate: GateDecision  # why (not) blessed: metric, value, threshold, the champion's value, a failed model check
     model_validated: bool | None = None  # the model check before registration; None: evaluation.validate_model off
@@ -335,6 +336,7 @@ def finish_model(config: PipelineConfig, progress: _Progress, prepared: Prepared
         final_step=train_result.final_step,
         num_restarts=train_result.num_restarts,
         restarts=[r.describe() for r in train_result.restarts],
+        resizes=[r.summary() for r in train_result.resizes],
         blessed=decision.blessed,
         gate=decision,
         model_validated=validation.passed if validation else None,

@@ -36,7 +36,7 @@ from pipeline_lib.serving import validation as model_check
 from pipeline_lib.tracking import baseline as data_baseline
 from pipeline_lib.tracking import lineage, model_logging, registry
 from pipeline_lib.tracking import run as tracking
-from pipeline_lib.training.results import TrainResult
+from pipeline_lib.training.results import ResizeRecord, TrainResult
 from tasks.progress import ConversionReporter, TrainingReporter
 from tasks.progress import artifact_key as _key
 from tasks.retry import transient_retries
@@ -140,10 +140,21 @@ def train(config: PipelineConfig, manifest: Manifest, plan: sharding.ShardPlan, 
         if mlflow_run_id:
             tracking.record_restart(mlflow_run_id, config.mlflow_uri, attempt, story)
 
+    def on_resize(resize: ResizeRecord) -> None:
+        # An elastic run's resize, told once the resized group has restored.
+        logger.warning("%s", resize.describe())
+        events.emit(events.Resize(resize.describe()))
+        if mlflow_run_id:
+            tracking.record_resize(mlflow_run_id, config.mlflow_uri, resize.number, resize.story, resize.to_workers,
+                                   resize.step or 0)
+
+    if mlflow_run_id and config.train.elastic is not None:
+        tracking.record_workers(mlflow_run_id, config.mlflow_uri, config.train.workers, 0)
     reporter = TrainingReporter(config.name, plan.total_steps)
     try:
         result = launcher.launch_training(config, manifest, plan, run_dir, options=launcher.LaunchOptions(
-            mlflow_run_id=mlflow_run_id, log_fn=logger.info, on_restart=on_restart, on_progress=reporter))
+            mlflow_run_id=mlflow_run_id, log_fn=logger.info, on_restart=on_restart, on_progress=reporter,
+            on_resize=on_resize))
         reporter.done(result)
         logger.info("training %s at step %d of %d: %s", "stopped early" if result.stopped_early else "ended",
                     result.final_step, result.total_steps, result.stop_reason)

@@ -113,6 +113,13 @@ class Restart:
 
 
 @dataclasses.dataclass(frozen=True)
+class Resize:
+    """An elastic run's group was resized: `text` says from and to how many workers, at which step and why."""
+
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSummary:
     """The end of a run: a title and (label, value) rows for a table, and the same as plain `lines`."""
 
@@ -121,7 +128,7 @@ class RunSummary:
     lines: tuple[str, ...] = ()
 
 
-Event = StageStarted | StageFinished | ConversionProgress | TrainProgress | Restart | RunSummary
+Event = StageStarted | StageFinished | ConversionProgress | TrainProgress | Restart | Resize | RunSummary
 EventFn = Callable[[Event], None]
 
 _listeners: list[EventFn] = []

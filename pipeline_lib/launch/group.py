@@ -43,12 +43,22 @@ class TaskHandle(Protocol):
     def describe_exit(self, code: int) -> str:
         """The exit in words, with where the task ran when that helps."""
 
+    def stop(self) -> None:
+        """Ask the task to stop at the next step boundary with an agreed checkpoint and the preemption exit (its
+        SIGTERM path): how an elastic run's group is stopped to grow."""
+
 
 class TaskGroup(Protocol):
     """Places the tasks of each attempt and starts them; the supervisor fences and restarts."""
 
-    def plan_attempt(self) -> list[TaskSpec]:
-        """The tasks of the next attempt, each with its TF_CONFIG (placement and free ports happen here)."""
+    def plan_attempt(self, workers: int | None = None) -> list[TaskSpec]:
+        """The tasks of the next attempt, each with its TF_CONFIG (placement and free ports happen here), with
+        `workers` training workers (None: train.workers; fewer only for an elastic run's resized attempt)."""
+
+    def capacity(self, wait_s: float) -> int:
+        """How many training workers (at most train.workers) could be placed now, waiting up to `wait_s` for that
+        many: an elastic run asks after losing a worker (wait_s: train.elastic.wait_s) and, while it runs on fewer,
+        whether more came back (wait_s 0)."""
 
     def start(self, task: TaskSpec, log_fn: Callable[[str], None], log_lock: threading.Lock) -> TaskHandle:
         """Start one task of the planned attempt; its output goes to `log_fn`, one prefixed line at a time."""

@@ -46,7 +46,7 @@ class ThreadTask:
         self.prefix = f"[{task.name}] "
         self.heartbeat_path = os.path.join(spec.heartbeat_dir, heartbeat_name(task.cluster))
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.stop = threading.Event()
+        self.stop_request = threading.Event()
         self._code: int | None = None
         self._log_fn = log_fn
         self._log_lock = log_lock
@@ -56,7 +56,7 @@ class ThreadTask:
 
     def _run(self, spec: WorkerSpec, config: PipelineConfig) -> None:
         self._code = worker.exit_code(
-            lambda: worker.run_worker(spec, self.task.cluster, config=config, stop=self.stop), self._report)
+            lambda: worker.run_worker(spec, self.task.cluster, config=config, stop=self.stop_request), self._report)
 
     def _report(self, text: str) -> None:
         for line in text.splitlines():
@@ -68,7 +68,10 @@ class ThreadTask:
         return None if self.thread.is_alive() else self._code
 
     def kill(self) -> None:
-        self.stop.set()
+        self.stop_request.set()
+
+    def stop(self) -> None:
+        self.stop_request.set()  # the same stop at the next step boundary: a thread cannot be killed
 
     def reap(self, timeout_s: float = 10.0) -> None:
         self.thread.join(timeout=max(timeout_s, STOP_GRACE_S))
@@ -95,7 +98,7 @@ class InProcessGroup:
         self.config = config
         self.current: ThreadTask | None = None
 
-    def plan_attempt(self) -> list[TaskSpec]:
+    def plan_attempt(self, workers: int | None = None) -> list[TaskSpec]:
         if self.current is not None and self.current.thread.is_alive():
             raise WorkerFailed(
                 f"{self.current.task.name} trains in this process (train.isolation: none) and did not stop within "
@@ -103,6 +106,9 @@ class InProcessGroup:
                 "train.isolation: process to have a hung worker killed and restarted",
                 task=self.current.task.name, exit_code=-1, tail=self.current.traceback_tail())
         return local.plan_attempt(self.spec, self.config)
+
+    def capacity(self, wait_s: float) -> int:
+        return 1  # its one worker, on this process
 
     def start(self, task: TaskSpec, log_fn: Callable[[str], None], log_lock: threading.Lock) -> ThreadTask:
         self.current = ThreadTask(task, self.spec, self.config, log_fn, log_lock)

@@ -39,6 +39,7 @@ from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core.net import LOOPBACK, free_ports
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.launch.errors import (
+    ElasticCapacityError,
     LaunchTimeout,
     RestartsExhausted,
     WorkerFailed,
@@ -53,10 +54,15 @@ from pipeline_lib.launch.processes import (
     warm_fork_server,
 )
 from pipeline_lib.launch.protocol import DEFAULT_OPTIONS, LaunchOptions
-from pipeline_lib.launch.spec import USER_ERROR_EXIT_CODE, WorkerSpec, write_spec
+from pipeline_lib.launch.spec import (
+    LOCAL_NODES_ENV,
+    USER_ERROR_EXIT_CODE,
+    WorkerSpec,
+    write_spec,
+)
 from pipeline_lib.launch.supervisor import AttemptSupervisor, TrainProgress
 from pipeline_lib.planning.sharding import ShardPlan
-from pipeline_lib.training.results import RestartRecord, TrainResult
+from pipeline_lib.training.results import ResizeRecord, RestartRecord, TrainResult
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +75,12 @@ class LaunchResult:
     restarts: tuple[RestartRecord, ...]
     num_attempts: int
     wall_s: float
+    resizes: tuple[ResizeRecord, ...] = ()
 
 
-def plan_tasks(config: PipelineConfig, host: str = LOOPBACK) -> list[TaskSpec]:
-    """The processes of one attempt, each with a TF_CONFIG on fresh free ports.
+def plan_tasks(config: PipelineConfig, host: str = LOOPBACK, workers: int | None = None) -> list[TaskSpec]:
+    """The processes of one attempt, each with a TF_CONFIG on fresh free ports; `workers` training workers (None:
+    train.workers; an elastic run's resized attempt has fewer).
 
     - one worker: a single process without TF_CONFIG (a single-worker strategy);
     - synchronous multi-worker: `worker 0..N-1`, worker 0 the chief;
@@ -80,11 +88,12 @@ def plan_tasks(config: PipelineConfig, host: str = LOOPBACK) -> list[TaskSpec]:
       `ps 0..M-1` (servers).
     """
     train = config.train
+    workers = workers if workers is not None else train.workers
     if train.uses_parameter_server():
-        ports = iter(free_ports(1 + train.workers + train.parameter_servers, host))
+        ports = iter(free_ports(1 + workers + train.parameter_servers, host))
         cluster = {
             "chief": (f"{host}:{next(ports)}",),
-            "worker": tuple(f"{host}:{next(ports)}" for _ in range(train.workers)),
+            "worker": tuple(f"{host}:{next(ports)}" for _ in range(workers)),
             "ps": tuple(f"{host}:{next(ports)}" for _ in range(train.parameter_servers)),
         }
         tasks = [TaskSpec(ClusterInfo(task_type="chief", task_index=0, cluster=cluster), is_trainer=True)]
@@ -93,17 +102,40 @@ def plan_tasks(config: PipelineConfig, host: str = LOOPBACK) -> list[TaskSpec]:
         return tasks
     if train.workers == 1:
         return [TaskSpec(ClusterInfo(), is_trainer=True, env_tf_config=False)]
-    addresses = tuple(f"{host}:{port}" for port in free_ports(train.workers, host))
+    addresses = tuple(f"{host}:{port}" for port in free_ports(workers, host))
     return [TaskSpec(ClusterInfo(task_type="worker", task_index=i, cluster={"worker": addresses}), is_trainer=True)
-            for i in range(train.workers)]
+            for i in range(workers)]
 
 
-def plan_attempt(spec: WorkerSpec, config: PipelineConfig) -> list[TaskSpec]:
+def plan_attempt(spec: WorkerSpec, config: PipelineConfig, workers: int | None = None) -> list[TaskSpec]:
     """The tasks of the next local attempt, with an empty heartbeat directory: a previous attempt's heartbeat
     would pass for this one's progress."""
     shutil.rmtree(spec.heartbeat_dir, ignore_errors=True)
     os.makedirs(spec.heartbeat_dir, exist_ok=True)
-    return plan_tasks(config)
+    return plan_tasks(config, workers=workers)
+
+
+def local_capacity(config: PipelineConfig, env: Mapping[str, str], wait_s: float) -> int:
+    """This machine places every worker: train.workers. Tests inject a node loss (`LOCAL_NODES_ENV` names a file
+    holding how many local "nodes" are up), and its end, by rewriting that file; waits up to `wait_s` for all."""
+    path = env.get(LOCAL_NODES_ENV) or os.environ.get(LOCAL_NODES_ENV)
+    wanted = config.train.workers
+    deadline = time.monotonic() + wait_s
+    while True:
+        up = _nodes_up(path, wanted)
+        if up >= wanted or time.monotonic() >= deadline:
+            return max(0, min(up, wanted))
+        time.sleep(0.2)
+
+
+def _nodes_up(path: str | None, wanted: int) -> int:
+    if not path:
+        return wanted
+    try:
+        with open(path) as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return wanted
 
 
 class LocalGroup:
@@ -116,8 +148,11 @@ class LocalGroup:
         self.work_dir = tempfile.mkdtemp(prefix="tfdag-launch-")
         self.spec_path = write_spec(spec, self.work_dir)
 
-    def plan_attempt(self) -> list[TaskSpec]:
-        return plan_attempt(self.spec, self.config)
+    def plan_attempt(self, workers: int | None = None) -> list[TaskSpec]:
+        return plan_attempt(self.spec, self.config, workers)
+
+    def capacity(self, wait_s: float) -> int:
+        return local_capacity(self.config, self.extra_env, wait_s)
 
     def start(self, task: TaskSpec, log_fn: Callable[[str], None], log_lock: threading.Lock) -> TaskProcess:
         return start_worker(task, self.spec_path, self.extra_env, log_fn, log_lock,
@@ -157,6 +192,7 @@ def launch(
     env: Mapping[str, str] | None = None,
     group: TaskGroup | None = None,
     on_progress: Callable[[TrainProgress], None] | None = None,
+    on_resize: Callable[[ResizeRecord], None] | None = None,
 ) -> LaunchResult:
     """Run the training cluster `config.train` describes and supervise it to the end.
 
@@ -174,6 +210,12 @@ def launch(
         env: extra environment variables for the workers (e.g. TFDAG_FAULT in tests); for the default group.
         group: the task group; default `LocalGroup(spec, config, env)`.
         on_progress: called with the chief's progress (step of total, loss, examples/s) every few seconds.
+        on_resize: an elastic run (`train.elastic`): called with each resize once the resized group restored.
+
+    Elastic runs: after a retryable failure the next attempt runs on as many workers as the group can place
+    within train.elastic.wait_s (`TaskGroup.capacity`), at least train.elastic.min_workers, at most train.workers;
+    while it runs on fewer, the supervisor asks every few seconds whether more can be placed and, when so, stops
+    the group at an agreed checkpoint and restarts it larger (a resize, not counted as a restart).
 
     Returns:
         The LaunchResult with the chief's TrainResult.
@@ -189,13 +231,31 @@ def launch(
     limit = timeout_s if timeout_s is not None else train.timeout_s
     deadline = started + limit if limit else None
     restarts: list[RestartRecord] = []
+    resizes: list[ResizeRecord] = []
     supervisor = AttemptSupervisor(spec, config, group if group is not None else LocalGroup(spec, config, env),
                                    log_fn, deadline)
     supervisor.on_progress = on_progress
+    elastic = train.elastic
+    workers = train.workers
+    if elastic is not None:
+        def more_placeable() -> str | None:
+            placeable = supervisor.group.capacity(0) if workers < train.workers else workers
+            return f"{placeable} of {train.workers} workers can be placed again" if placeable > workers else None
+
+        supervisor.stop_check = more_placeable
     told: set[int] = set()
+    told_resizes: set[int] = set()
 
     def tell(resumed_step: int | None) -> None:
-        """Complete the story of the latest restart with where it resumed, once."""
+        """Complete the story of the latest restart and resize with where the group resumed, once each."""
+        if resizes and resizes[-1].number not in told_resizes:
+            resize = resizes[-1] = resizes[-1].model_copy(update={"step": resumed_step})
+            told_resizes.add(resize.number)
+            logger.warning("%s", resize.describe())
+            with supervisor.log_lock:
+                log_fn(f"[supervisor] {resize.describe()}")
+            if on_resize is not None:
+                on_resize(resize)
         if not restarts or restarts[-1].number in told:
             return
         record = restarts[-1] = restarts[-1].model_copy(update={"resumed_step": resumed_step})
@@ -211,14 +271,19 @@ def launch(
         with _sigterm_as_interrupt():
             while True:
                 attempt += 1
-                outcome = supervisor.run_attempt(attempt, supervisor.group.plan_attempt(), on_resumed=tell)
+                if supervisor.metrics is not None:
+                    supervisor.metrics.workers.set(workers)
+                tasks = (supervisor.group.plan_attempt(workers) if elastic is not None
+                         else supervisor.group.plan_attempt())
+                outcome = supervisor.run_attempt(attempt, tasks, on_resumed=tell)
                 tell(None)  # a restarted group that ended before its chief restored
                 if outcome.kind == "ok":
                     supervisor.fence()
                     result = supervisor.read_result().model_copy(
-                        update={"num_restarts": len(restarts), "restarts": tuple(restarts)})
+                        update={"num_restarts": len(restarts), "restarts": tuple(restarts),
+                                "resizes": tuple(resizes)})
                     return LaunchResult(result=result, restarts=tuple(restarts), num_attempts=attempt,
-                                        wall_s=time.monotonic() - started)
+                                        wall_s=time.monotonic() - started, resizes=tuple(resizes))
                 supervisor.fence()
                 if outcome.kind == "permanent":
                     bad_input = user_error_line(outcome.tail) if outcome.exit_code == USER_ERROR_EXIT_CODE else None
@@ -229,6 +294,9 @@ def launch(
                         f"{outcome.cause}: a permanent failure, not restarted (attempt {attempt}). "
                         f"Its output ends with:\n{outcome.tail}",
                         task=outcome.task, exit_code=outcome.exit_code, tail=outcome.tail)
+                if supervisor.stopped_for is not None:  # stopped to grow: a resize, not a restart
+                    workers = _resize(supervisor, resizes, workers, supervisor.stopped_for, 0.0, log_fn)
+                    continue
                 if len(restarts) >= train.max_restarts:
                     raise RestartsExhausted(
                         f"training failed {attempt} time(s); train.max_restarts ({train.max_restarts}) is used up. "
@@ -247,9 +315,38 @@ def launch(
                 if deadline is not None and time.monotonic() + delay > deadline:
                     raise LaunchTimeout(
                         f"train.timeout_s ({limit} s) would pass during the restart backoff after: {outcome.cause}")
+                if elastic is not None:
+                    workers = _resize(supervisor, resizes, workers, outcome.cause, elastic.wait_s, log_fn)
                 time.sleep(delay)
     finally:
         supervisor.close()
+
+
+def _resize(supervisor: AttemptSupervisor, resizes: list[ResizeRecord], workers: int, cause: str, wait_s: float,
+            log_fn: Callable[[str], None]) -> int:
+    """An elastic run's worker count for its next attempt: what the group can place within `wait_s`, at least
+    train.elastic.min_workers (else `ElasticCapacityError`); a change is appended to `resizes` (its step is told
+    once the resized group restored)."""
+    train = supervisor.config.train
+    placeable = supervisor.group.capacity(wait_s)
+    if placeable < train.elastic.min_workers:
+        raise ElasticCapacityError(
+            f"{cause}; only {placeable} of train.workers ({train.workers}) workers could be placed within "
+            f"train.elastic.wait_s ({train.elastic.wait_s:g} s), fewer than train.elastic.min_workers "
+            f"({train.elastic.min_workers}): add capacity (nodes with the workers' resources), lower "
+            "train.elastic.min_workers, or raise train.elastic.wait_s", cause=cause)
+    if placeable == workers:
+        return workers
+    reason = cause if placeable > workers else (
+        f"{cause}; {placeable} of {train.workers} workers could be placed within train.elastic.wait_s "
+        f"({train.elastic.wait_s:g} s)")
+    record = ResizeRecord(number=len(resizes) + 1, from_workers=workers, to_workers=placeable, reason=reason,
+                          time=time.time())
+    resizes.append(record)
+    logger.warning("resizing the group from %d to %d workers: %s", workers, placeable, reason)
+    with supervisor.log_lock:
+        log_fn(f"[supervisor] resizing the group from {workers} to {placeable} workers: {reason}")
+    return placeable
 
 
 name = "local"
@@ -290,6 +387,7 @@ def launch_training(config: PipelineConfig, manifest: Manifest, plan: ShardPlan,
     try:
         # A literal secret of the config reaches the workers in their environment, never in the spec file.
         return launch(spec, config, log_fn=options.log_fn, on_restart=options.on_restart,
-                      env={**secret_env, **(options.env or {})}, on_progress=options.on_progress, group=group).result
+                      env={**secret_env, **(options.env or {})}, on_progress=options.on_progress, group=group,
+                      on_resize=options.on_resize).result
     finally:
         shutil.rmtree(heartbeat_dir, ignore_errors=True)

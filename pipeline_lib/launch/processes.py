@@ -87,6 +87,10 @@ class TaskProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, signal.SIGKILL)
 
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.popen.pid, signal.SIGTERM)
+
     def reap(self, timeout_s: float = 10.0) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=timeout_s)

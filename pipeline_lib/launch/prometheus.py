@@ -6,7 +6,8 @@ Every series is labelled `run`, `task_type`, `task_index`. Tasks: `tfdag_steps_t
 `tfdag_step_seconds` (histogram), `tfdag_input_wait_seconds` (histogram: each step's wait for its batch, the
 input-bound signal), `tfdag_examples_per_second`, `tfdag_loss`, `tfdag_learning_rate`, `tfdag_gradient_norm`,
 `tfdag_heartbeat_age_seconds`, `tfdag_checkpoint_seconds` (histogram), `tfdag_last_checkpoint_timestamp_seconds`.
-Supervisor: `tfdag_restarts_total`, `tfdag_worker_step_lag` (each worker's steps behind the fastest).
+Supervisor: `tfdag_restarts_total`, `tfdag_worker_step_lag` (each worker's steps behind the fastest), `tfdag_workers`
+(the current attempt's training workers).
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ class SupervisorMetrics:
         labels = {"run": run, "task_type": "supervisor", "task_index": "0"}
         self.restarts = Counter("tfdag_restarts", "Restarts of the training group", list(LABELS),
                                 registry=self.registry).labels(**labels)
+        self.workers = Gauge("tfdag_workers", "Training workers of the current attempt (an elastic run resizes)",
+                             list(LABELS), registry=self.registry).labels(**labels)
         self.lag = Gauge("tfdag_worker_step_lag", "Steps each worker is behind the fastest", list(LABELS),
                          registry=self.registry)
         self.server, self.port = _serve(self.registry, host, port)

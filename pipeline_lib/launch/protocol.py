@@ -16,7 +16,7 @@ from pipeline_lib.config import PipelineConfig
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.launch.supervisor import TrainProgress
 from pipeline_lib.planning.sharding import ShardPlan
-from pipeline_lib.training.results import TrainResult
+from pipeline_lib.training.results import ResizeRecord, TrainResult
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +29,7 @@ class LaunchOptions:
         on_restart: called as `on_restart(n, story)` once restart n (1-based) resumed: its cause and step.
         env: extra environment variables for the workers (e.g. TFDAG_FAULT in tests).
         on_progress: called with the chief's progress (step of total, loss, examples/s) every few seconds.
+        on_resize: an elastic run's resize (`ResizeRecord`: from, to, step, reason), once the resized group restored.
     """
 
     mlflow_run_id: str | None = None
@@ -36,6 +37,7 @@ class LaunchOptions:
     on_restart: Callable[[int, str], None] | None = None
     env: Mapping[str, str] | None = None
     on_progress: Callable[[TrainProgress], None] | None = None
+    on_resize: Callable[[ResizeRecord], None] | None = None
 
 
 DEFAULT_OPTIONS = LaunchOptions()  # untracked, every line printed

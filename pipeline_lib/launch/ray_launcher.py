@@ -45,7 +45,7 @@ from pipeline_lib.launch.ray_task import TaskRunner
 from pipeline_lib.launch.spec import WorkerSpec
 from pipeline_lib.launch.supervisor import TrainProgress
 from pipeline_lib.planning.sharding import ShardPlan
-from pipeline_lib.training.results import TrainResult
+from pipeline_lib.training.results import ResizeRecord, TrainResult
 
 logger = logging.getLogger(__name__)
 
@@ -242,6 +242,12 @@ class RayTaskHandle:
             logger.debug("%s's actor did not end its worker; killing the actor", self.task.name, exc_info=True)
         ray.kill(self.actor, no_restart=True)
 
+    def stop(self) -> None:
+        try:  # not waited for: the task's exit tells the supervisor
+            self.actor.stop.remote()
+        except Exception:
+            logger.debug("%s's actor could not be asked to stop", self.task.name, exc_info=True)
+
     def reap(self, timeout_s: float = 10.0) -> None:
         self._refresh(force=True)
 
@@ -266,14 +272,37 @@ class RayGroup:
         self.started: list[RayTaskHandle] = []
         self.lost_nodes: set[str] = set()  # nodes on which an actor of this run was lost
 
-    def plan_attempt(self) -> list[TaskSpec]:
+    def capacity(self, wait_s: float) -> int:
+        """Training workers the cluster's live nodes could hold (their total resources, as `check_cluster` counts:
+        one per fitting node under `spread`, as many bundles as fit under `pack`), not counting a node lost in this
+        run whose raylet does not answer; waits up to `wait_s` for train.workers."""
+        wanted = self.config.train.workers
+        deadline = time.monotonic() + wait_s
+        while True:
+            placeable = self._placeable()
+            if placeable >= wanted or time.monotonic() >= deadline:
+                return min(placeable, wanted)
+            time.sleep(1.0)
+
+    def _placeable(self) -> int:
+        ray_config = self.config.train.ray
+        bundle = ray_config.resources_per_worker
+        nodes = [n for n in _alive_nodes() if n["NodeID"] not in self.lost_nodes or _raylet_answers(n)]
+        if ray_config.placement == RayPlacement.SPREAD:
+            return sum(all(n.get("Resources", {}).get(k, 0.0) >= v for k, v in bundle.items()) for n in nodes)
+        if not bundle:
+            return self.config.train.workers
+        return sum(min(int(n.get("Resources", {}).get(k, 0.0) // v) for k, v in bundle.items() if v > 0)
+                   for n in nodes)
+
+    def plan_attempt(self, workers: int | None = None) -> list[TaskSpec]:
         ray = _ray()
         from ray.util.placement_group import placement_group, placement_group_table
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.end_attempt()
         self.attempt += 1
-        layout = plan_tasks(self.config)
+        layout = plan_tasks(self.config, workers=workers)
         ray_config = self.config.train.ray
         # Never on a node just lost: its raylet may be dead while the GCS still lists it alive.
         wait_until_lost_nodes_are_dead(self.lost_nodes, ray_config.placement_timeout_s)
@@ -396,14 +425,15 @@ def launch_training(config: PipelineConfig, manifest: Manifest, plan: ShardPlan,
         WorkerSpec(config=values, dataset_uri=dataset_uri, plan=plan,
                    run_dir=run_dir, mlflow_run_id=options.mlflow_run_id, heartbeat_dir="<on each task's node>"),
         config, log_fn=options.log_fn, on_restart=options.on_restart, env=options.env, on_progress=options.on_progress,
-        secret_env=secret_env).result
+        secret_env=secret_env, on_resize=options.on_resize).result
 
 
 def launch_on_ray(spec: WorkerSpec, config: PipelineConfig, *, log_fn: Callable[[str], None] = print,
                   on_restart: Callable[[int, str], None] | None = None, env: Mapping[str, str] | None = None,
                   timeout_s: float | None = None,
                   on_progress: Callable[[TrainProgress], None] | None = None,
-                  secret_env: Mapping[str, str] | None = None) -> LaunchResult:
+                  secret_env: Mapping[str, str] | None = None,
+                  on_resize: Callable[[ResizeRecord], None] | None = None) -> LaunchResult:
     """`local.launch` with a `RayGroup`: connect, check the cluster, supervise, and always clean up.
 
     `secret_env` (from `PipelineConfig.for_process`) reaches every task's worker process in its environment.
@@ -412,7 +442,7 @@ def launch_on_ray(spec: WorkerSpec, config: PipelineConfig, *, log_fn: Callable[
     try:
         check_cluster(config, len(plan_tasks(config)))
         return launch(spec, config, log_fn=log_fn, timeout_s=timeout_s, on_restart=on_restart,
-                      group=RayGroup(spec, config, env, secret_env), on_progress=on_progress)
+                      group=RayGroup(spec, config, env, secret_env), on_progress=on_progress, on_resize=on_resize)
     finally:
         if connected:
             _ray().shutdown()

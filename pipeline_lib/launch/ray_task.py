@@ -82,6 +82,11 @@ class TaskRunner:
     def traceback_tail(self, max_lines: int = 25) -> str:
         return self.process.traceback_tail(max_lines) if self.process is not None else ""
 
+    def stop(self) -> None:
+        """SIGTERM the worker: it stops at the next step boundary with an agreed checkpoint (exit 138)."""
+        if self.process is not None:
+            self.process.stop()
+
     def kill(self) -> None:
         """SIGKILL the worker's process group and wait for it, before Ray ends this actor."""
         if self.process is not None:

@@ -64,6 +64,7 @@ PERMANENT_GRACE_S = 1.0
 # After the chief succeeds, the other synchronous workers are only shutting down.
 SHUTDOWN_GRACE_S = 30.0
 PROGRESS_INTERVAL_S = 2.0
+STOP_CHECK_S = 3.0  # how often an elastic run running on fewer workers asks whether more can be placed
 LOGS_NAME = "logs"  # <run_dir>/logs/<task>.log: every line of every task, all attempts
 
 
@@ -163,6 +164,10 @@ class AttemptSupervisor:
         # Called with the chief's progress at most every PROGRESS_INTERVAL_S (from the supervising thread).
         self.on_progress: Callable[[TrainProgress], None] | None = None
         self._progress_seen: tuple[float, int, int] | None = None  # (time, step, examples) of the last report
+        # An elastic run's question, asked every STOP_CHECK_S while the chief steps: a reason to stop the group at an
+        # agreed checkpoint (to restart it larger), or None. `stopped_for` is the reason of the attempt it stopped.
+        self.stop_check: Callable[[], str | None] | None = None
+        self.stopped_for: str | None = None
         self.metrics: SupervisorMetrics | None = None
         if config.observability.prometheus_port is not None:
             self.metrics = SupervisorMetrics(os.path.basename(spec.run_dir.rstrip("/")), "127.0.0.1",
@@ -212,6 +217,8 @@ class AttemptSupervisor:
         shutdown_grace = min(SHUTDOWN_GRACE_S, phase_bound_s(Phase.FINISHING, hang_timeout))
         chief_done_at: float | None = None
         resumed_reported = False
+        self.stopped_for = None
+        checked_at = started
         while True:
             now = time.monotonic()
             if self.deadline is not None and now > self.deadline:
@@ -246,12 +253,27 @@ class AttemptSupervisor:
                 self._publish_metrics(watches)
             if self.on_progress is not None:
                 self._report_progress(chief_watch)
+            if (self.stop_check is not None and self.stopped_for is None and chief_watch.phase == Phase.STEPPING
+                    and now - checked_at >= STOP_CHECK_S):
+                checked_at = now
+                self._stop_if(self.stop_check())
             # The group, not one task, must have been silent past the bound: a worker that stepped into a collective
             # while its peer was still saving has been "silent" since before that save, but the peer's progress
             # shows the group is alive (a synchronous step cannot complete while any task of it hangs).
             if running and min(w.silent_for(now) for w in running) > group_bound_s(running, hang_timeout):
                 return self._hang(watches, codes, now)
             time.sleep(POLL_S)
+
+    def _stop_if(self, reason: str | None) -> None:
+        """Ask every task to stop at an agreed checkpoint (the preemption path) when there is a reason."""
+        if not reason:
+            return
+        self.stopped_for = reason
+        logger.warning("%s: stopping the group at an agreed checkpoint to restart it", reason)
+        with self.log_lock:
+            self.log_fn(f"[supervisor] {reason}: stopping the group at an agreed checkpoint to restart it")
+        for process in self.processes:
+            process.stop()
 
     def _kept(self, task: TaskSpec, attempt: int) -> Callable[[str], None]:
         """The task's log function: each line to `log_fn` and appended to the task's log file."""

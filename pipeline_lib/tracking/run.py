@@ -43,6 +43,8 @@ MODEL_VALIDATED_RUN_TAG = "tfdag.model_validated"
 MODEL_VALIDATION_REASON_RUN_TAG = "tfdag.model_validation"
 MODEL_VALIDATION_ARTIFACT = "evaluation/model_validation.json"
 RESTART_TAG_PREFIX = "tfdag.restart."  # one tag per restart: its cause and the step it resumed from
+RESIZE_TAG_PREFIX = "tfdag.resize."  # one tag per resize of an elastic run: from → to, at step, reason
+WORKERS_METRIC = "workers"  # an elastic run's training workers, by step
 # MLflow's own limits (mlflow.utils.validation).
 _MAX_PARAMS_PER_BATCH = 100
 _MAX_METRICS_PER_BATCH = 1000
@@ -226,6 +228,18 @@ def record_restart(run_id: str, tracking_uri: str, attempt: int, cause: str) -> 
     client.log_metric(run_id, "num_restarts", float(attempt), step=int(attempt))
     client.set_tag(run_id, f"{RESTART_TAG_PREFIX}{int(attempt)}", str(cause)[:MAX_TAG_VALUE])
     client.set_tag(run_id, "tfdag.last_restart_cause", str(cause)[:MAX_TAG_VALUE])
+
+
+def record_workers(run_id: str, tracking_uri: str, workers: int, step: int) -> None:
+    """An elastic run's worker count from `step` on: the `workers` metric."""
+    create_client(tracking_uri).log_metric(run_id, WORKERS_METRIC, float(workers), step=int(step))
+
+
+def record_resize(run_id: str, tracking_uri: str, number: int, story: str, to_workers: int, step: int) -> None:
+    """An elastic run's resize `number`: the tag `tfdag.resize.<n>` (its story: from → to, at step, reason) and the
+    `workers` metric at the step the resized group resumed from."""
+    create_client(tracking_uri).set_tag(run_id, f"{RESIZE_TAG_PREFIX}{int(number)}", story[:MAX_TAG_VALUE])
+    record_workers(run_id, tracking_uri, to_workers, step)
 
 
 def _stage_artifact(name: str, value: str | bytes, staging: str) -> None:

@@ -39,6 +39,33 @@ class RestartRecord(BaseModel):
         return f"restart {self.number}: {self.story}"
 
 
+class ResizeRecord(BaseModel):
+    """One resize of an elastic run's group (`train.elastic`): from and to how many training workers, why, and the
+    step the resized group resumed from (its chief restored it; None when that group failed before it did)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    number: int
+    from_workers: int
+    to_workers: int
+    reason: str
+    time: float
+    step: int | None = None
+
+    @property
+    def story(self) -> str:
+        """`3 → 2 workers at step 1200: <reason>`."""
+        where = f"at step {self.step}" if self.step is not None else "before the resized group restored"
+        return f"{self.from_workers} → {self.to_workers} workers {where}: {self.reason}"
+
+    def describe(self) -> str:
+        return f"resize {self.number}: {self.story}"
+
+    def summary(self) -> dict:
+        """`{"from": 3, "to": 2, "step": 1200, "reason": "..."}`: the run summary's form."""
+        return {"from": self.from_workers, "to": self.to_workers, "step": self.step, "reason": self.reason}
+
+
 class TrainResult(BaseModel):
     """What the chief reports after training."""
 
@@ -63,6 +90,7 @@ class TrainResult(BaseModel):
     tensorboard_dir: str
     num_restarts: int = 0
     restarts: tuple[RestartRecord, ...] = ()  # filled in by the launcher
+    resizes: tuple[ResizeRecord, ...] = ()  # an elastic run's resizes, filled in by the launcher
     examples_per_sec: float = 0.0
     wall_s: float = 0.0
     start_step: int = 0  # the step restored from a checkpoint (0 for a fresh run)

@@ -1,0 +1,127 @@
+"""An elastic run through the local launcher with an injected node loss (TFDAG_TEST_LOCAL_NODES: how many local
+"nodes" are up): a lost worker is replaced by a resize to the workers that can be placed, and the group grows back
+at an agreed checkpoint once capacity returns; real worker processes, real signals, real checkpoints."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import types
+
+import pytest
+
+from pipeline_lib.config import parse_config
+from pipeline_lib.launch.errors import ElasticCapacityError
+from pipeline_lib.launch.local import _resize, launch
+from pipeline_lib.launch.spec import EXAMPLE_IDS_ENV, FAULT_ENV, LOCAL_NODES_ENV
+from pipeline_lib.planning.sharding import plan_for_train
+from pipeline_lib.testing.example_ids import read_record, record_path
+from tests.pipeline_lib.launch_support import (
+    LogCapture,
+    assert_no_orphans,
+    make_config,
+    make_spec,
+    write_digits_dataset,
+)
+
+
+@pytest.fixture(autouse=True)
+def no_orphans():
+    yield
+    assert_no_orphans()
+
+
+@pytest.mark.slow
+def test_a_lost_worker_shrinks_the_group_and_returning_capacity_grows_it_back_every_example_once(tmp_path):
+    """3 workers × 25 (global batch 75: 19 steps and 1425 records per epoch of digits' 1437), 45 steps. Worker 2 is
+    SIGKILLed after step 14 with only 2 local "nodes" up: the group resumes from ckpt-12 on 2 workers (75 does not
+    split over 2: global batch 74). The third node is back as soon as the shrink is told, and a slow step 20 (6 s)
+    makes sure the supervisor's check (every 3 s) sees it while the 2 workers run: it stops them at an agreed
+    checkpoint (by step 21) and resumes on 3 workers, to step 45 exactly."""
+    manifest = write_digits_dataset(str(tmp_path / "digits"), example_ids=True)
+    config = make_config(str(tmp_path), label="target", workers=3, per_replica_batch_size=25, steps=45,
+                         checkpoint_every_steps=6, shuffle=True, shuffle_buffer=2000, base_learning_rate=0.002,
+                         max_restarts=1, elastic={"min_workers": 2, "wait_s": 1.0},
+                         early_stopping={"enabled": False})
+    plan = plan_for_train(manifest, config.train, 1)
+    run_dir, ids_dir, nodes = str(tmp_path / "run"), str(tmp_path / "ids"), tmp_path / "nodes"
+    nodes.write_text("2")  # read only when a worker is lost: then one node of three is gone
+    env = {FAULT_ENV: "kill:worker=2:step=14,sleep:worker=0:step=20:seconds=6", EXAMPLE_IDS_ENV: ids_dir,
+           LOCAL_NODES_ENV: str(nodes)}
+    logs, resized = LogCapture(), []
+
+    def node_returns() -> None:  # the lost node comes back once the group runs on 2
+        deadline = time.monotonic() + 240
+        while not resized and time.monotonic() < deadline:
+            time.sleep(0.1)
+        nodes.write_text("3")
+
+    returning = threading.Thread(target=node_returns, daemon=True)
+    returning.start()
+    outcome = launch(make_spec(config, manifest, plan, run_dir), config, log_fn=logs, env=env,
+                     on_resize=resized.append)
+    returning.join(timeout=5)
+
+    result = outcome.result
+    assert (result.final_step, result.total_steps, result.num_workers, result.global_batch_size) == (45, 45, 3, 75)
+    shrink, grow = result.resizes
+    assert (shrink.from_workers, shrink.to_workers, shrink.step) == (3, 2, 12)
+    assert "worker 2 killed by SIGKILL" in shrink.reason
+    assert "2 of 3 workers could be placed within train.elastic.wait_s (1 s)" in shrink.reason
+    assert (grow.from_workers, grow.to_workers) == (2, 3) and 12 < grow.step <= 21
+    assert grow.reason == "3 of 3 workers can be placed again"
+    assert resized == list(result.resizes) == list(outcome.resizes)
+    assert [r.resumed_step for r in outcome.restarts] == [12] and outcome.num_attempts == 3  # the grow is no restart
+    assert "[supervisor] resize 1: 3 → 2 workers at step 12: worker 2 killed by SIGKILL" in logs.text
+    assert f"[supervisor] resize 2: 2 → 3 workers at step {grow.step}: 3 of 3 workers can be placed again" in logs.text
+    assert re.search(r"elastic attempt on 2 worker\(s\): global batch 74", logs.text)
+
+    # Every example of every epoch once across the three groups (each record's batches past its group's last step
+    # were read ahead and never trained).
+    consumed = []
+    for workers, start, steps in ((3, 0, 12), (2, 12, grow.step - 12), (3, grow.step, 45 - grow.step)):
+        fed = [read_record(record_path(ids_dir, w, workers, start)) for w in range(workers)]
+        assert all(len(batches) >= steps for batches in fed)
+        consumed += [i for step in range(steps) for batches in fed for i in batches[step]]
+    assert len(consumed) == 12 * 75 + (grow.step - 12) * 74 + (45 - grow.step) * 75  # 2 epochs and part of a third
+    epochs = [consumed[start:start + 1425] for start in range(0, len(consumed), 1425)]
+    assert [len(set(epoch)) for epoch in epochs] == [1425, 1425, len(consumed) - 2850]
+    assert set(consumed) <= set(range(1437))
+
+
+class _Group:
+    def __init__(self, placeable: int):
+        self.placeable = placeable
+        self.asked: list[float] = []
+
+    def capacity(self, wait_s: float) -> int:
+        self.asked.append(wait_s)
+        return self.placeable
+
+
+def _supervisor(placeable: int, workers: int = 3, min_workers: int = 2):
+    config = parse_config({"name": "x", "data": {"source": "x.csv", "label": "y"},
+                           "train": {"workers": workers, "elastic": {"min_workers": min_workers, "wait_s": 7}}})
+    return types.SimpleNamespace(config=config, group=_Group(placeable), log_lock=threading.Lock())
+
+
+def test_fewer_placeable_workers_than_min_workers_fails_with_the_counts_and_the_fixes():
+    supervisor = _supervisor(placeable=1)
+    with pytest.raises(ElasticCapacityError) as raised:
+        _resize(supervisor, [], 3, "worker 1 killed by SIGKILL", 7.0, lambda line: None)
+    assert supervisor.group.asked == [7.0]
+    assert str(raised.value) == (
+        "worker 1 killed by SIGKILL; only 1 of train.workers (3) workers could be placed within train.elastic.wait_s "
+        "(7 s), fewer than train.elastic.min_workers (2): add capacity (nodes with the workers' resources), lower "
+        "train.elastic.min_workers, or raise train.elastic.wait_s")
+
+
+def test_a_resize_is_recorded_only_when_the_count_changes():
+    resizes, lines = [], []
+    assert _resize(_supervisor(placeable=3), resizes, 3, "worker 1 killed by SIGKILL", 7.0, lines.append) == 3
+    assert resizes == [] and lines == []
+    assert _resize(_supervisor(placeable=2), resizes, 3, "worker 1 killed by SIGKILL", 7.0, lines.append) == 2
+    assert [(r.number, r.from_workers, r.to_workers, r.step) for r in resizes] == [(1, 3, 2, None)]
+    assert lines == [("[supervisor] resizing the group from 3 to 2 workers: worker 1 killed by SIGKILL; 2 of 3 "
+                      "workers could be placed within train.elastic.wait_s (7 s)")]
