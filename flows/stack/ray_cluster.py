@@ -11,6 +11,7 @@ never `ray stop`, which ends every Ray cluster on the machine.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import shutil
 import tempfile
@@ -51,11 +52,12 @@ def _ray_start(args: list[str], env: Mapping[str, str]) -> None:
     run_command([console_script("ray"), "start", *args], env=env, timeout_s=180, error=RayClusterError)
 
 
-def add_node(record: RayClusterRecord, label: str) -> None:
-    """Start one more worker node with resource `label` (and WORKER_NODE)."""
+def add_node(record: RayClusterRecord, label: str, resources: Mapping[str, float] | None = None) -> None:
+    """Start one more worker node with resource `label` (and WORKER_NODE, and `resources`)."""
     agent_port = free_ports(1, RAY_HOST)[0]
+    offered = {label: 1, WORKER_NODE: 1, **(resources or {})}
     _ray_start(["--address", record.address, "--dashboard-agent-listen-port", str(agent_port),
-                "--resources", f'{{"{label}": 1, "{WORKER_NODE}": 1}}', *record.node_args], record.env)
+                "--resources", json.dumps(offered), *record.node_args], record.env)
 
 
 def start_ray_cluster(num_nodes: int, *, env: Mapping[str, str] | None = None, num_cpus: int = 1,

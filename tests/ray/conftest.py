@@ -66,11 +66,12 @@ class RayCluster:
         return [p for p in list_placement_groups(address=self.dashboard_url, limit=1000)
                 if p.name.startswith(name_prefix) and p.state != "REMOVED"]
 
-    def add_node(self, label: str) -> str:
-        """Start one more worker node with `label` (and WORKER_NODE); returns its node id once it is alive."""
+    def add_node(self, label: str, resources: dict[str, float] | None = None) -> str:
+        """Start one more worker node with `label` (and WORKER_NODE, and `resources`); returns its node id once it is
+        alive."""
         from flows.stack import ray_cluster
 
-        ray_cluster.add_node(self.record, label)
+        ray_cluster.add_node(self.record, label, resources)
         nodes = ray_cluster.wait_for_nodes(self.record, len(self.node_of_label) + 1)
         node_id = next(n["node_id"] for n in nodes if label in n["resources_total"])
         self.node_of_label[label] = node_id
