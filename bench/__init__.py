@@ -41,6 +41,13 @@ def budget(name: str, seconds: float | Sequence[float], limit_s: float, *, bound
             "met": bool(median <= limit_s), "bound": bound}
 
 
+def report(name: str, samples: Sequence[float], *, unit: str = "", bound: str = "") -> dict:
+    """A measurement the issue asks to report, with no target or baseline (e.g. seconds lost per resize)."""
+    values = [float(s) for s in samples]
+    return {"name": name, "status": "run", "kind": "report", "unit": unit, "value": statistics.median(values),
+            "value_spread": _spread(values), "repetitions": len(values), "bound": bound}
+
+
 def not_run(name: str, reason: str) -> dict:
     """A case that could not run here, and why."""
     return {"name": name, "status": "not run", "reason": reason}

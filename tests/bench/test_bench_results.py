@@ -67,11 +67,13 @@ def test_table_prints_every_kind_and_replaces_the_readme_between_its_markers(tmp
                "cases": [bench.case("conv", [1.0, 2.0, 3.0], [4.0, 4.0, 4.0], 0.5, unit="MB/s",
                                     baseline_name="O_DIRECT", bound="the CPU."),
                          bench.budget("plan", [0.5], 1.0, bound="a budget."),
+                         bench.report("resize", [3.0, 5.0, 4.0], unit="s", bound="a report."),
                          bench.not_run("mwms", "tf_keras missing")]}
     text = table.table(results)
     assert "quick run" in text
     assert "| conv | 2 (1–3) MB/s | O_DIRECT: 4 MB/s | 0.50 | ≥ 0.5 | yes | the CPU. |" in text
     assert "| plan | 0.5 s | budget | | ≤ 1 s | yes | a budget. |" in text
+    assert "| resize | 4 (3–5) s | reported | | | | a report. |" in text
     assert "| mwms | not run |" in text and "tf_keras missing" in text
     readme = tmp_path / "README.md"
     readme.write_text(f"before\n{table.START}\nold\n{table.END}\nafter\n")
