@@ -11,7 +11,11 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from pipeline_lib.checkpoints import layout, manifests, selection
-from pipeline_lib.checkpoints.records import DATA_POSITION_KEY, CheckpointRecord, DataPosition
+from pipeline_lib.checkpoints.records import (
+    DATA_POSITION_KEY,
+    CheckpointRecord,
+    DataPosition,
+)
 from pipeline_lib.cluster.info import ClusterInfo, worker_scratch_dir
 from pipeline_lib.config import Direction
 from pipeline_lib.core.errors import TfdagError

@@ -8,7 +8,11 @@ import time
 from collections.abc import Callable
 
 from pipeline_lib.checkpoints import layout
-from pipeline_lib.checkpoints.records import TRAIN_LOSS_METRIC, CheckpointRecord, DataPosition
+from pipeline_lib.checkpoints.records import (
+    TRAIN_LOSS_METRIC,
+    CheckpointRecord,
+    DataPosition,
+)
 from pipeline_lib.config import TrainConfig
 from pipeline_lib.training.agreement import GroupStop
 from pipeline_lib.training.early_stopping import EarlyStop, EarlyStopping, StopRule
