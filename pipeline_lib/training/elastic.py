@@ -84,17 +84,14 @@ def create_attempt(plan: ShardPlan, train_config: TrainConfig, num_workers: int,
         TrainingError: when the plan is not the DATA plan of `train.workers`, or the worker count is outside
             [train.elastic.min_workers, train.workers].
     """
-    elastic = train_config.elastic
-    assert elastic is not None, "create_attempt is for train.elastic runs"
     if plan.num_workers != train_config.workers or plan.policy != AutoShardPolicy.DATA:
         raise TrainingError(
             f"the shard plan is a {plan.policy.value} plan for {plan.num_workers} worker(s), but an elastic run keeps "
             f"the DATA plan of train.workers ({train_config.workers}) on every attempt, whatever its size; pass "
             "sharding.plan_for_train(manifest, train, replicas_per_worker) unchanged (the cluster gives the size)")
-    if not elastic.min_workers <= num_workers <= train_config.workers:
-        raise TrainingError(
-            f"the cluster has {num_workers} training worker(s); an elastic attempt needs between "
-            f"train.elastic.min_workers ({elastic.min_workers}) and train.workers ({train_config.workers})")
+    problem = train_config.elastic_workers_problem(num_workers)
+    if problem is not None:
+        raise TrainingError(f"the cluster (TF_CONFIG) lists {problem}; start the attempt on that many workers")
     if plan.replicas_per_worker != replicas_per_worker:
         raise TrainingError(
             f"the shard plan has {plan.replicas_per_worker} replica(s) per worker but the strategy has "

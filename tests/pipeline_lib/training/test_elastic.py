@@ -56,10 +56,11 @@ def test_attempt_keeps_the_global_batch_or_takes_the_nearest_and_rescales_the_ra
 def test_attempt_refuses_a_worker_count_or_plan_it_cannot_run(tiny_manifest):
     train = _train()
     plan = plan_for_train(tiny_manifest, train, 1)
-    with pytest.raises(TrainingError, match=r"has 1 training worker.*min_workers \(2\) and train.workers \(3\)"):
+    with pytest.raises(TrainingError, match=r"lists 1 training worker.*min_workers \(2\) and train.workers \(3\)"):
         elastic.create_attempt(plan, train, 1, 1)
-    with pytest.raises(TrainingError, match=r"has 4 training worker"):
+    with pytest.raises(TrainingError, match=r"lists 4 training worker"):
         elastic.create_attempt(plan, train, 4, 1)
+    assert [train.elastic_workers_problem(k) is None for k in (1, 2, 3, 4)] == [False, True, True, False]
     two_worker_plan = make_plan(tiny_manifest, num_workers=2, per_replica_batch_size=7)
     with pytest.raises(TrainingError, match=r"a data plan for 2 worker.*train.workers \(3\)"):
         elastic.create_attempt(two_worker_plan, train, 2, 1)
