@@ -132,6 +132,16 @@ class TrainConfig(_Frozen):
         has_ps = cluster_has_ps if cluster_has_ps is not None else self.parameter_servers > 0
         return strategy_for_cluster(self.strategy, has_ps=has_ps, num_workers=1) == Strategy.PARAMETER_SERVER
 
+    def elastic_workers_problem(self, num_workers: int) -> str | None:
+        """Why an attempt of this elastic run cannot train on `num_workers` workers (in words), or None when it can:
+        the one rule for the launcher, before it starts an attempt, and for the training side, which takes the count
+        from its cluster."""
+        assert self.elastic is not None, "elastic_workers_problem is for train.elastic runs"
+        if self.elastic.min_workers <= num_workers <= self.workers:
+            return None
+        return (f"{num_workers} training worker(s) for an elastic attempt, which needs between "
+                f"train.elastic.min_workers ({self.elastic.min_workers}) and train.workers ({self.workers})")
+
     @model_validator(mode="after")
     def _combinations(self) -> TrainConfig:
         if self.parameter_servers and self.strategy not in (Strategy.PARAMETER_SERVER, Strategy.AUTO):

@@ -38,6 +38,9 @@ class ElasticAttempt:
     global_batch: int
     per_replica_batch: int
     learning_rate: float
+    # The global batch in configured per-replica batches: the replicas `train.lr_scaling` scales the base rate by
+    # (exactly the plan's replicas when the global batch is kept, so the rate is the full-size run's).
+    learning_rate_replicas: float
     epoch_records: int
     start_step: int = 0
     start_records: int = 0
@@ -81,17 +84,14 @@ def create_attempt(plan: ShardPlan, train_config: TrainConfig, num_workers: int,
         TrainingError: when the plan is not the DATA plan of `train.workers`, or the worker count is outside
             [train.elastic.min_workers, train.workers].
     """
-    elastic = train_config.elastic
-    assert elastic is not None, "create_attempt is for train.elastic runs"
     if plan.num_workers != train_config.workers or plan.policy != AutoShardPolicy.DATA:
         raise TrainingError(
             f"the shard plan is a {plan.policy.value} plan for {plan.num_workers} worker(s), but an elastic run keeps "
             f"the DATA plan of train.workers ({train_config.workers}) on every attempt, whatever its size; pass "
             "sharding.plan_for_train(manifest, train, replicas_per_worker) unchanged (the cluster gives the size)")
-    if not elastic.min_workers <= num_workers <= train_config.workers:
-        raise TrainingError(
-            f"the cluster has {num_workers} training worker(s); an elastic attempt needs between "
-            f"train.elastic.min_workers ({elastic.min_workers}) and train.workers ({train_config.workers})")
+    problem = train_config.elastic_workers_problem(num_workers)
+    if problem is not None:
+        raise TrainingError(f"the cluster (TF_CONFIG) lists {problem}; start the attempt on that many workers")
     if plan.replicas_per_worker != replicas_per_worker:
         raise TrainingError(
             f"the shard plan has {plan.replicas_per_worker} replica(s) per worker but the strategy has "
@@ -99,13 +99,13 @@ def create_attempt(plan: ShardPlan, train_config: TrainConfig, num_workers: int,
             "for (train.cpu_replicas, GPUs per worker)")
     num_replicas = num_workers * replicas_per_worker
     global_batch = nearest_global_batch(plan.global_batch_size, num_replicas)
-    # The configured per-replica batch's worth of replicas in this global batch: exactly the plan's replicas when
-    # the global batch is kept, so the rate is the full-size run's.
+    lr_replicas = global_batch / plan.per_replica_batch_size
     learning_rate = strategies.scaled_learning_rate(train_config.base_learning_rate, train_config.lr_scaling,
-                                                    global_batch / plan.per_replica_batch_size)
+                                                    lr_replicas)
     return ElasticAttempt(num_workers=num_workers, replicas_per_worker=replicas_per_worker,
                           configured_global_batch=plan.global_batch_size, global_batch=global_batch,
                           per_replica_batch=global_batch // num_replicas, learning_rate=learning_rate,
+                          learning_rate_replicas=lr_replicas,
                           epoch_records=plan.steps_per_epoch * plan.global_batch_size)
 
 

@@ -101,8 +101,7 @@ def create_training_state(config: PipelineConfig, manifest: Manifest, plan: Shar
     """
     run_storage = RunStorage(run_dir, cluster, config.storage_options, checkpoint_subdir=CHECKPOINT_DIR,
                              tensorboard_subdir=TENSORBOARD_DIR)
-    # The learning rate's replicas: an elastic attempt's global batch in configured per-replica batches.
-    lr_replicas = (elastic.global_batch / plan.per_replica_batch_size) if elastic is not None else choice.num_replicas
+    lr_replicas = elastic.learning_rate_replicas if elastic is not None else choice.num_replicas
     model, optimizer, step_var, patience, checkpoint = _create_variables(config, manifest, choice, lr_replicas)
     best_metric, best_direction = selection.selection_metric(config)
     store = CheckpointStore(run_storage.local_checkpoint_dir, checkpoint, cluster=cluster,

@@ -90,6 +90,30 @@ def test_invalid_combination_fails_at_construction(tmp_path):
         load_config(write(tmp_path, data))
 
 
+def test_elastic_is_off_by_default_and_parses(tmp_path):
+    assert load_config(write(tmp_path, MINIMAL)).train.elastic is None
+    elastic = load_config(write(tmp_path, {**MINIMAL, "train": {"workers": 3, "elastic": {"min_workers": 2}}})).train.elastic
+    assert (elastic.min_workers, elastic.wait_s) == (2, 60.0)
+
+
+@pytest.mark.parametrize(("train", "message"), [
+    ({"workers": 1, "elastic": {"min_workers": 1}},
+     r"train.elastic.min_workers \(1\) with train.workers 1: one worker has nothing to shrink to; raise train.workers"),
+    ({"workers": 3, "elastic": {"min_workers": 4}},
+     r"train.elastic.min_workers \(4\) is more than train.workers \(3\).*between 1 and 3"),
+    ({"workers": 3, "elastic": {"min_workers": 0}}, r"train.elastic.min_workers \(0\).*greater than or equal to 1"),
+    ({"workers": 3, "parameter_servers": 1, "elastic": {"min_workers": 2}},
+     r"train.elastic.min_workers \(2\) with parameter-server training: .*no epoch order"),
+    ({"workers": 3, "strategy": "mirrored", "elastic": {"min_workers": 2}},
+     r"train.elastic.min_workers \(2\) with train.strategy 'mirrored', a one-worker strategy"),
+    ({"workers": 3, "autoshard": "file", "elastic": {"min_workers": 2}},
+     r"train.elastic.min_workers \(2\) with train.autoshard 'file'.*set train.autoshard: auto or data"),
+])
+def test_elastic_refuses_what_cannot_resize(tmp_path, train, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, {**MINIMAL, "train": train}))
+
+
 def test_unknown_metric(tmp_path):
     data = {**MINIMAL, "evaluation": {"metrics": ["accuracy", "f7"]}}
     with pytest.raises(ConfigError, match=r"evaluation.metrics .*unknown metric\(s\) \['f7'\]"):

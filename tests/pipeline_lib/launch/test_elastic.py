@@ -45,6 +45,13 @@ class _ResizingGroup(LocalGroup):
                          is_trainer=True) for i in range(len(addresses))]
 
 
+def _saved_rate(prefix: str) -> float:
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(prefix)
+    return float(reader.get_tensor("optimizer/_learning_rate/.ATTRIBUTES/VARIABLE_VALUE"))
+
+
 @pytest.mark.slow
 def test_a_run_stopped_on_3_workers_resumes_on_2_with_every_example_of_every_epoch_once(tmp_path):
     """Digits, 1437 train rows, global batch 75 (3 workers × 25): 19 steps and 1425 records per epoch. Worker 1 is
@@ -71,13 +78,17 @@ def test_a_run_stopped_on_3_workers_resumes_on_2_with_every_example_of_every_epo
     assert (result.num_workers, result.global_batch_size, result.per_replica_batch_size) == (2, 74, 37)
     assert result.scaled_learning_rate == pytest.approx(0.002 * 74 / 25)
     assert "elastic attempt on 2 worker(s): global batch 74 (the configured 75 does not split" in logs.text
-    positions = {r.step: r.data_position for r in manifests.list_checkpoints(os.path.join(run_dir, "checkpoints"))}
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    positions = {r.step: r.data_position for r in manifests.list_checkpoints(checkpoints)}
     assert (positions[12].records, positions[12].num_workers, positions[12].global_batch) == (12 * 75, 3, 75)
     assert positions[12].learning_rate == pytest.approx(0.002 * 3)
     last = positions[30]
     assert (last.records, last.num_workers, last.global_batch, last.configured_global_batch) == (
         12 * 75 + 18 * 74, 2, 74, 75)
     assert last.learning_rate == pytest.approx(0.002 * 74 / 25)
+    # The optimizer trained at it: its rate variable, restored at 0.006 from step 12, was set to the attempt's.
+    assert [_saved_rate(os.path.join(checkpoints, f"ckpt-{step}")) for step in (12, 30)] == pytest.approx(
+        [0.002 * 3, 0.002 * 74 / 25])
 
     # What the workers fed, step by step: each step's slices in worker order; the batches read ahead of the stop
     # (the first attempt ran 12 steps, the second 18) were never trained.

@@ -14,7 +14,7 @@ from pipeline_lib.checkpoints.records import CheckpointRecord, DataPosition
 from pipeline_lib.checkpoints.store import CheckpointStore
 from pipeline_lib.config import parse_config
 from pipeline_lib.planning.sharding import AutoShardPolicy, plan_for_train
-from pipeline_lib.training import elastic, epochs
+from pipeline_lib.training import elastic, epochs, input_pipeline
 from pipeline_lib.training.errors import TrainingError
 from tests.conftest import make_plan
 
@@ -56,10 +56,11 @@ def test_attempt_keeps_the_global_batch_or_takes_the_nearest_and_rescales_the_ra
 def test_attempt_refuses_a_worker_count_or_plan_it_cannot_run(tiny_manifest):
     train = _train()
     plan = plan_for_train(tiny_manifest, train, 1)
-    with pytest.raises(TrainingError, match=r"has 1 training worker.*min_workers \(2\) and train.workers \(3\)"):
+    with pytest.raises(TrainingError, match=r"lists 1 training worker.*min_workers \(2\) and train.workers \(3\)"):
         elastic.create_attempt(plan, train, 1, 1)
-    with pytest.raises(TrainingError, match=r"has 4 training worker"):
+    with pytest.raises(TrainingError, match=r"lists 4 training worker"):
         elastic.create_attempt(plan, train, 4, 1)
+    assert [train.elastic_workers_problem(k) is None for k in (1, 2, 3, 4)] == [False, True, True, False]
     two_worker_plan = make_plan(tiny_manifest, num_workers=2, per_replica_batch_size=7)
     with pytest.raises(TrainingError, match=r"a data plan for 2 worker.*train.workers \(3\)"):
         elastic.create_attempt(two_worker_plan, train, 2, 1)
@@ -105,18 +106,17 @@ def test_each_record_of_each_epoch_is_used_once_across_resizes(tiny_manifest):
     assert epochs_seen[0] != epochs_seen[1]  # each epoch reshuffled
     one_by_one = elastic.ElasticAttempt(num_workers=1, replicas_per_worker=1, configured_global_batch=21,
                                         global_batch=1, per_replica_batch=1, learning_rate=0.01,
-                                        epoch_records=epoch_records)
+                                        learning_rate_replicas=1.0, epoch_records=epoch_records)
     assert consumed == _stream(tiny_manifest, train, one_by_one, len(consumed))
 
 
 def test_elastic_records_are_the_records_the_ids_name(tiny_manifest):
     """The training stream reads the records themselves in the order the ids give."""
     train = _train()
-    common = dict(epoch_records=252, start_record=100, global_batch=20, num_workers=2, worker=1, num_steps=12)
+    common = {"epoch_records": 252, "start_record": 100, "global_batch": 20, "num_workers": 2, "worker": 1,
+              "num_steps": 12}
     ids = list(epochs.elastic_records(tiny_manifest, train, with_ids=True, **common).as_numpy_iterator())
     records = list(epochs.elastic_records(tiny_manifest, train, **common).as_numpy_iterator())
-    from pipeline_lib.training import input_pipeline
-
     in_file_order = list(input_pipeline.read_records(tiny_manifest, "train").as_numpy_iterator())
     assert records == [in_file_order[i] for i in ids]
 
