@@ -329,7 +329,7 @@ def _resize(supervisor: AttemptSupervisor, resizes: list[ResizeRecord], workers:
     once the resized group restored)."""
     train = supervisor.config.train
     placeable = supervisor.group.capacity(wait_s)
-    if placeable < train.elastic.min_workers:
+    if train.elastic_workers_problem(placeable) is not None:
         raise ElasticCapacityError(
             f"{cause}; only {placeable} of train.workers ({train.workers}) workers could be placed within "
             f"train.elastic.wait_s ({train.elastic.wait_s:g} s), fewer than train.elastic.min_workers "

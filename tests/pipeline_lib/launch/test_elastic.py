@@ -1,18 +1,22 @@
-"""An elastic run resumed on fewer workers through the local launcher: real worker processes, a real agreed stop and
-checkpoint, the same WorkerSpec with a TF_CONFIG of 2 workers for the next attempt; every example of every epoch
-once, by the example ids the workers record."""
+"""An elastic run through the local launcher with an injected node loss (TFDAG_TEST_LOCAL_NODES: how many local
+"nodes" are up): a lost worker is replaced by a resize to the workers that can be placed, and the group grows back
+at an agreed checkpoint once capacity returns; real worker processes, real signals, real checkpoints, and every
+example of every epoch once, by the example ids the workers record."""
 
 from __future__ import annotations
 
 import os
+import threading
+import time
+import types
 
 import pytest
 
 from pipeline_lib.checkpoints import manifests
-from pipeline_lib.cluster.info import ClusterInfo
-from pipeline_lib.launch.local import LocalGroup, launch
-from pipeline_lib.launch.processes import TaskSpec
-from pipeline_lib.launch.spec import EXAMPLE_IDS_ENV, FAULT_ENV
+from pipeline_lib.config import parse_config
+from pipeline_lib.launch.errors import ElasticCapacityError
+from pipeline_lib.launch.local import _resize, launch
+from pipeline_lib.launch.spec import EXAMPLE_IDS_ENV, FAULT_ENV, LOCAL_NODES_ENV
 from pipeline_lib.planning.sharding import plan_for_train
 from pipeline_lib.testing.example_ids import read_record, record_path
 from pipeline_lib.training import epochs
@@ -31,20 +35,6 @@ def no_orphans():
     assert_no_orphans()
 
 
-class _ResizingGroup(LocalGroup):
-    """Local worker processes, attempt n on `sizes[n]` of the train.workers addresses: what the elastic launcher
-    will hand a resized attempt (the same spec, a TF_CONFIG listing K workers)."""
-
-    def __init__(self, spec, config, env, sizes):
-        super().__init__(spec, config, env)
-        self.sizes = list(sizes)
-
-    def plan_attempt(self) -> list[TaskSpec]:
-        addresses = super().plan_attempt()[0].cluster.cluster["worker"][: self.sizes.pop(0)]
-        return [TaskSpec(ClusterInfo(task_type="worker", task_index=i, cluster={"worker": addresses}),
-                         is_trainer=True) for i in range(len(addresses))]
-
-
 def _saved_rate(prefix: str) -> float:
     import tensorflow as tf
 
@@ -53,55 +43,114 @@ def _saved_rate(prefix: str) -> float:
 
 
 @pytest.mark.slow
-def test_a_run_stopped_on_3_workers_resumes_on_2_with_every_example_of_every_epoch_once(tmp_path):
-    """Digits, 1437 train rows, global batch 75 (3 workers × 25): 19 steps and 1425 records per epoch. Worker 1 is
-    preempted after step 12 (mid-epoch; the group agrees on a checkpoint there); the restarted attempt has 2
-    workers: 75 does not split over 2, so the global batch is 74 (37 per replica; 74 and 76 are as near, the
-    smaller wins) and the rate follows, linearly. It trains on to step 30, exactly."""
+def test_a_lost_worker_shrinks_the_group_and_returning_capacity_grows_it_back_every_example_once(tmp_path):
+    """3 workers × 25 (global batch 75: 19 steps and 1425 records per epoch of digits' 1437), 45 steps. Worker 2 is
+    SIGKILLed after step 14 with only 2 local "nodes" up: the group resumes from ckpt-12 on 2 workers (75 does not
+    split over 2: global batch 74). The third node is back as soon as the shrink is told, and a slow step 20 (6 s)
+    makes sure the supervisor's check (every 3 s) sees it while the 2 workers run: it stops them at an agreed
+    checkpoint (by step 21) and resumes on 3 workers, to step 45 exactly. The rate follows the global batch,
+    linearly."""
     import tensorflow as tf
 
     manifest = write_digits_dataset(str(tmp_path / "digits"), example_ids=True)
-    config = make_config(str(tmp_path), label="target", workers=3, per_replica_batch_size=25, steps=30,
-                         shuffle=True, shuffle_buffer=2000, base_learning_rate=0.002, max_restarts=1,
-                         elastic={"min_workers": 2})
+    config = make_config(str(tmp_path), label="target", workers=3, per_replica_batch_size=25, steps=45,
+                         checkpoint_every_steps=6, keep_checkpoints=10, shuffle=True, shuffle_buffer=2000,
+                         base_learning_rate=0.002, max_restarts=1, elastic={"min_workers": 2, "wait_s": 1.0},
+                         early_stopping={"enabled": False})
     plan = plan_for_train(manifest, config.train, 1)
-    assert (plan.global_batch_size, plan.steps_per_epoch, plan.total_steps) == (75, 19, 30)
-    run_dir, ids_dir = str(tmp_path / "run"), str(tmp_path / "ids")
-    spec = make_spec(config, manifest, plan, run_dir)
-    env = {FAULT_ENV: "term:worker=1:step=12", EXAMPLE_IDS_ENV: ids_dir}
-    logs = LogCapture()
-    outcome = launch(spec, config, log_fn=logs, group=_ResizingGroup(spec, config, env, sizes=(3, 2)))
+    assert (plan.global_batch_size, plan.steps_per_epoch, plan.total_steps) == (75, 19, 45)
+    run_dir, ids_dir, nodes = str(tmp_path / "run"), str(tmp_path / "ids"), tmp_path / "nodes"
+    nodes.write_text("2")  # read only when a worker is lost: then one node of three is gone
+    env = {FAULT_ENV: "kill:worker=2:step=14,sleep:worker=0:step=20:seconds=6", EXAMPLE_IDS_ENV: ids_dir,
+           LOCAL_NODES_ENV: str(nodes)}
+    logs, resized = LogCapture(), []
+
+    def node_returns() -> None:  # the lost node comes back once the group runs on 2
+        deadline = time.monotonic() + 240
+        while not resized and time.monotonic() < deadline:
+            time.sleep(0.1)
+        nodes.write_text("3")
+
+    returning = threading.Thread(target=node_returns, daemon=True)
+    returning.start()
+    outcome = launch(make_spec(config, manifest, plan, run_dir), config, log_fn=logs, env=env,
+                     on_resize=resized.append)
+    returning.join(timeout=5)
 
     result = outcome.result
-    assert [r.resumed_step for r in outcome.restarts] == [12] and outcome.num_attempts == 2
-    assert (result.start_step, result.final_step, result.total_steps) == (12, 30, 30)
-    assert (result.num_workers, result.global_batch_size, result.per_replica_batch_size) == (2, 74, 37)
-    assert result.scaled_learning_rate == pytest.approx(0.002 * 74 / 25)
+    assert (result.final_step, result.total_steps, result.num_workers, result.global_batch_size) == (45, 45, 3, 75)
+    shrink, grow = result.resizes
+    assert (shrink.from_workers, shrink.to_workers, shrink.step) == (3, 2, 12)
+    assert "worker 2 killed by SIGKILL" in shrink.reason
+    assert "2 of 3 workers could be placed within train.elastic.wait_s (1 s)" in shrink.reason
+    assert (grow.from_workers, grow.to_workers) == (2, 3) and 12 < grow.step <= 21
+    assert grow.reason == "3 of 3 workers can be placed again"
+    assert resized == list(result.resizes) == list(outcome.resizes)
+    assert [r.resumed_step for r in outcome.restarts] == [12] and outcome.num_attempts == 3  # the grow is no restart
+    assert "[supervisor] resize 1: 3 → 2 workers at step 12: worker 2 killed by SIGKILL" in logs.text
+    assert f"[supervisor] resize 2: 2 → 3 workers at step {grow.step}: 3 of 3 workers can be placed again" in logs.text
     assert "elastic attempt on 2 worker(s): global batch 74 (the configured 75 does not split" in logs.text
     checkpoints = os.path.join(run_dir, "checkpoints")
     positions = {r.step: r.data_position for r in manifests.list_checkpoints(checkpoints)}
     assert (positions[12].records, positions[12].num_workers, positions[12].global_batch) == (12 * 75, 3, 75)
-    assert positions[12].learning_rate == pytest.approx(0.002 * 3)
-    last = positions[30]
-    assert (last.records, last.num_workers, last.global_batch, last.configured_global_batch) == (
-        12 * 75 + 18 * 74, 2, 74, 75)
-    assert last.learning_rate == pytest.approx(0.002 * 74 / 25)
-    # The optimizer trained at it: its rate variable, restored at 0.006 from step 12, was set to the attempt's.
-    assert [_saved_rate(os.path.join(checkpoints, f"ckpt-{step}")) for step in (12, 30)] == pytest.approx(
-        [0.002 * 3, 0.002 * 74 / 25])
+    grown = positions[grow.step]
+    assert (grown.records, grown.num_workers, grown.global_batch, grown.configured_global_batch) == (
+        12 * 75 + (grow.step - 12) * 74, 2, 74, 75)
+    assert positions[45].records == grown.records + (45 - grow.step) * 75 and positions[45].num_workers == 3
+    # The optimizer trained at the attempt's rate: 0.006 on 3 workers, 0.002 × 74/25 on 2, 0.006 again.
+    assert [_saved_rate(os.path.join(checkpoints, f"ckpt-{step}")) for step in (12, grow.step, 45)] == pytest.approx(
+        [0.002 * 3, 0.002 * 74 / 25, 0.002 * 3])
 
-    # What the workers fed, step by step: each step's slices in worker order; the batches read ahead of the stop
-    # (the first attempt ran 12 steps, the second 18) were never trained.
+    # Every example of every epoch once across the three groups (each record's batches past its group's last step
+    # were read ahead and never trained).
     consumed = []
-    for workers, start, steps in ((3, 0, 12), (2, 12, 18)):
+    for workers, start, steps in ((3, 0, 12), (2, 12, grow.step - 12), (3, grow.step, 45 - grow.step)):
         fed = [read_record(record_path(ids_dir, w, workers, start)) for w in range(workers)]
         assert all(len(batches) >= steps for batches in fed)
         consumed += [i for step in range(steps) for batches in fed for i in batches[step]]
-    assert len(consumed) == 12 * 75 + 18 * 74 == 2232  # epoch 0 whole, 807 records of epoch 1
-    epoch_0, epoch_1 = consumed[:1425], consumed[1425:]
-    assert len(set(epoch_0)) == 1425 and len(set(epoch_1)) == 807 and set(consumed) <= set(range(1437))
+    assert len(consumed) == 12 * 75 + (grow.step - 12) * 74 + (45 - grow.step) * 75  # 2 epochs and part of a third
+    per_epoch = [consumed[start:start + 1425] for start in range(0, len(consumed), 1425)]
+    assert [len(set(epoch)) for epoch in per_epoch] == [1425, 1425, len(consumed) - 2850]
+    assert set(consumed) <= set(range(1437))
     # And it is the order the elastic stream defines, whatever the split: the same ids one by one on one worker.
     tf.keras.utils.set_random_seed(config.train.seed)  # as every worker seeds
     expected = epochs.elastic_records(manifest, config.train, epoch_records=1425, start_record=0, global_batch=1,
-                                      num_workers=1, worker=0, num_steps=2232, with_ids=True)
+                                      num_workers=1, worker=0, num_steps=len(consumed), with_ids=True)
     assert consumed == [int(i) for i in expected.as_numpy_iterator()]
+
+
+class _Group:
+    def __init__(self, placeable: int):
+        self.placeable = placeable
+        self.asked: list[float] = []
+
+    def capacity(self, wait_s: float) -> int:
+        self.asked.append(wait_s)
+        return self.placeable
+
+
+def _supervisor(placeable: int, workers: int = 3, min_workers: int = 2):
+    config = parse_config({"name": "x", "data": {"source": "x.csv", "label": "y"},
+                           "train": {"workers": workers, "elastic": {"min_workers": min_workers, "wait_s": 7}}})
+    return types.SimpleNamespace(config=config, group=_Group(placeable), log_lock=threading.Lock())
+
+
+def test_fewer_placeable_workers_than_min_workers_fails_with_the_counts_and_the_fixes():
+    supervisor = _supervisor(placeable=1)
+    with pytest.raises(ElasticCapacityError) as raised:
+        _resize(supervisor, [], 3, "worker 1 killed by SIGKILL", 7.0, lambda line: None)
+    assert supervisor.group.asked == [7.0]
+    assert str(raised.value) == (
+        "worker 1 killed by SIGKILL; only 1 of train.workers (3) workers could be placed within train.elastic.wait_s "
+        "(7 s), fewer than train.elastic.min_workers (2): add capacity (nodes with the workers' resources), lower "
+        "train.elastic.min_workers, or raise train.elastic.wait_s")
+
+
+def test_a_resize_is_recorded_only_when_the_count_changes():
+    resizes, lines = [], []
+    assert _resize(_supervisor(placeable=3), resizes, 3, "worker 1 killed by SIGKILL", 7.0, lines.append) == 3
+    assert resizes == [] and lines == []
+    assert _resize(_supervisor(placeable=2), resizes, 3, "worker 1 killed by SIGKILL", 7.0, lines.append) == 2
+    assert [(r.number, r.from_workers, r.to_workers, r.step) for r in resizes] == [(1, 3, 2, None)]
+    assert lines == [("[supervisor] resizing the group from 3 to 2 workers: worker 1 killed by SIGKILL; 2 of 3 "
+                      "workers could be placed within train.elastic.wait_s (7 s)")]
