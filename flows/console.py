@@ -72,8 +72,6 @@ class PlainConsole:
     def __call__(self, event: Event) -> None:
         if isinstance(event, StageFinished):
             self.stages.append(event)
-        elif isinstance(event, Resize):
-            self.console.print(Text(f"⇅ {event.text}", style="yellow"))
         elif isinstance(event, RunSummary):
             self.close()
             for line in event.lines:
@@ -120,6 +118,8 @@ class LiveConsole:
         elif isinstance(event, Restart):
             self.console.print(Text(f"↻ restart {event.attempt} of {event.max_restarts}: {event.story}",
                                     style="yellow"))
+        elif isinstance(event, Resize):
+            self.console.print(Text(f"⇅ {event.text}", style="yellow"))
         elif isinstance(event, RunSummary):
             self.close()
             self.console.print(summary_table(event))

@@ -9,6 +9,7 @@ from rich.console import Console
 from flows.console import LiveConsole, PlainConsole
 from pipeline_lib.core.events import (
     ConversionProgress,
+    Resize,
     Restart,
     RunSummary,
     StageFinished,
@@ -33,6 +34,7 @@ def _run(show) -> None:
     show(TrainProgress(step=60, total_steps=170, loss=0.4012, examples_per_second=1500.0, steps_per_second=40.0,
                        eval_metrics={"eval_loss": 0.41, "eval_accuracy": 0.9123}))
     show(Restart(1, 3, "worker 1 exited -9 (SIGKILL); resumed at step 40 of 170"))
+    show(Resize("resize 1: 3 → 2 workers at step 40: worker 1 exited -9 (SIGKILL)"))
     show(TrainProgress(step=170, total_steps=170, loss=0.1834, examples_per_second=None))
     show(StageFinished("train", 12.5))
     show(StageStarted("evaluate"))
@@ -57,6 +59,7 @@ def test_the_live_display_shows_checklist_bars_restarts_and_the_summary_table():
     last_bar = [line for line in text.splitlines() if "170/170 steps" in line][-1]
     assert "━" in last_bar and "loss 0.1834" in last_bar and "eval_accuracy 0.9123" in last_bar  # kept from before
     assert "↻ restart 1 of 3: worker 1 exited -9 (SIGKILL); resumed at step 40 of 170" in text
+    assert "⇅ resize 1: 3 → 2 workers at step 40: worker 1 exited -9 (SIGKILL)" in text
     # The summary table, after the display.
     tail = text[text.rindex("tfdag run digits-20261204-1200"):]
     assert "│ metrics │ accuracy: 0.9612" in tail and "│ blessed │ true: accuracy 0.9612 ≥ 0.9" in tail

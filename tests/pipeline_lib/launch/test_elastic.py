@@ -5,10 +5,12 @@ example of every epoch once, by the example ids the workers record."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 import types
+import urllib.request
 
 import pytest
 
@@ -16,6 +18,7 @@ from pipeline_lib.checkpoints import manifests
 from pipeline_lib.config import parse_config
 from pipeline_lib.launch.errors import ElasticCapacityError
 from pipeline_lib.launch.local import _resize, launch
+from pipeline_lib.launch.prometheus import TARGETS_NAME
 from pipeline_lib.launch.spec import EXAMPLE_IDS_ENV, FAULT_ENV, LOCAL_NODES_ENV
 from pipeline_lib.planning.sharding import plan_for_train
 from pipeline_lib.testing.example_ids import read_record, record_path
@@ -33,6 +36,17 @@ from tests.pipeline_lib.launch_support import (
 def no_orphans():
     yield
     assert_no_orphans()
+
+
+def _supervisor_gauge(run_dir: str, name: str) -> float:
+    """The value of `name` on the run's supervisor endpoint, found in the run's Prometheus targets file."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with open(os.path.join(run_dir, TARGETS_NAME)) as handle:
+        target = next(g["targets"][0] for g in json.load(handle) if g["labels"]["task_type"] == "supervisor")
+    with urllib.request.urlopen(f"http://{target}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return next(s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name)
 
 
 def _saved_rate(prefix: str) -> float:
@@ -65,10 +79,13 @@ def test_a_lost_worker_shrinks_the_group_and_returning_capacity_grows_it_back_ev
            LOCAL_NODES_ENV: str(nodes)}
     logs, resized = LogCapture(), []
 
+    scraped: list[float] = []
+
     def node_returns() -> None:  # the lost node comes back once the group runs on 2
         deadline = time.monotonic() + 240
         while not resized and time.monotonic() < deadline:
             time.sleep(0.1)
+        scraped.append(_supervisor_gauge(run_dir, "tfdag_workers"))  # what Prometheus sees meanwhile
         nodes.write_text("3")
 
     returning = threading.Thread(target=node_returns, daemon=True)
@@ -86,6 +103,7 @@ def test_a_lost_worker_shrinks_the_group_and_returning_capacity_grows_it_back_ev
     assert (grow.from_workers, grow.to_workers) == (2, 3) and 12 < grow.step <= 21
     assert grow.reason == "3 of 3 workers can be placed again"
     assert resized == list(result.resizes) == list(outcome.resizes)
+    assert scraped == [2.0]
     assert [r.resumed_step for r in outcome.restarts] == [12] and outcome.num_attempts == 3  # the grow is no restart
     assert "[supervisor] resize 1: 3 → 2 workers at step 12: worker 2 killed by SIGKILL" in logs.text
     assert f"[supervisor] resize 2: 2 → 3 workers at step {grow.step}: 3 of 3 workers can be placed again" in logs.text

@@ -115,6 +115,10 @@ def test_pipeline_params_and_no_secret_anywhere_in_the_run(tmp_path, tiny_manife
                                                     "aws_session_token": SECRET})
     tracking.log_final_metrics(run_id, config.mlflow_uri, {"accuracy": 0.75, "auc": float("nan")}, step=40)
     tracking.record_restart(run_id, config.mlflow_uri, 1, "worker 1 exited with code 137")
+    tracking.record_workers(run_id, config.mlflow_uri, 3, 0)  # an elastic run: 3 → 2 at step 12, 2 → 3 at 20
+    tracking.record_resize(run_id, config.mlflow_uri, 1, "3 → 2 workers at step 12: worker 2 lost", 2, 12)
+    tracking.record_resize(run_id, config.mlflow_uri, 2, "2 → 3 workers at step 20: 3 of 3 workers can be placed "
+                           "again", 3, 20)
     tracking.log_artifacts(run_id, config.mlflow_uri, {
         "data/manifest.json": tiny_manifest.to_json(),
         "data/shard_plan.json": plan.model_dump_json(indent=2).encode(),
@@ -125,6 +129,10 @@ def test_pipeline_params_and_no_secret_anywhere_in_the_run(tmp_path, tiny_manife
     client = MlflowClient(config.mlflow_uri)
     run = client.get_run(run_id)
     logged = run.data.params
+    assert run.data.tags["tfdag.resize.1"] == "3 → 2 workers at step 12: worker 2 lost"
+    assert run.data.tags["tfdag.resize.2"].startswith("2 → 3 workers at step 20: ")
+    workers = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "workers"))
+    assert workers == [(0, 3.0), (12, 2.0), (20, 3.0)]
     assert logged["strategy"] == "mirrored"
     assert logged["num_replicas"] == "2"
     assert logged["per_replica_batch_size"] == "16" and logged["global_batch_size"] == "32"
