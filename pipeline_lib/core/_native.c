@@ -17,8 +17,9 @@
                                  device now, without waiting (Linux sync_file_range; a no-op elsewhere), so a
                                  later fsync has little left to wait for.
    use_hardware(flag)            switch between the CPU's crc32 instruction and the table loop (for tests).
-   split_hash(h, words, k)       for each row r: for each of its k uint64 words w: h[r] ^= w; h[r] = mix(h[r]),
-                                 mix being splitmix64's finalizer (the numpy loop in conversion.split_hash).
+   split_hash(h, words, k, name) for each row r: with `name`, h[r] = mix(h[r] ^ name); then for each of its k
+                                 words w (uint64, or uint32 zero-extended): h[r] = mix(h[r] ^ w), mix being
+                                 splitmix64's finalizer (the numpy loop in pipeline_lib.data.split.split_hash).
    numeric_statistics(...)       one numeric column's statistics for both splits (in _native_statistics.c).
 */
 #define PY_SSIZE_T_CLEAN
@@ -273,10 +274,36 @@ static inline uint64_t mix(uint64_t h) {
     return h;
 }
 
+/* One column's words of every row: uint64, or uint32 zero-extended (a float32 column of odd width). */
+#define FOLD_ROWS(WORD_T)                                                                              \
+    do {                                                                                               \
+        const WORD_T *w = (const WORD_T *)words.buf;                                                   \
+        Py_ssize_t r = 0;                                                                              \
+        for (; r + 8 <= rows; r += 8) {                                                                \
+            uint64_t v[8];                                                                             \
+            for (int i = 0; i < 8; i++) v[i] = has_name ? mix(hv[r + i] ^ name) : hv[r + i];         \
+            for (Py_ssize_t j = 0; j < k; j++)                                                         \
+                for (int i = 0; i < 8; i++) v[i] = mix(v[i] ^ (uint64_t)w[(r + i) * k + j]);           \
+            for (int i = 0; i < 8; i++) hv[r + i] = v[i];                                              \
+        }                                                                                              \
+        for (; r < rows; r++) {                                                                        \
+            uint64_t value = has_name ? mix(hv[r] ^ name) : hv[r];                                     \
+            const WORD_T *row = w + r * k;                                                             \
+            for (Py_ssize_t j = 0; j < k; j++) value = mix(value ^ (uint64_t)row[j]);                  \
+            hv[r] = value;                                                                             \
+        }                                                                                              \
+    } while (0)
+
 static PyObject *split_hash(PyObject *self, PyObject *args) {
-    PyObject *h_obj, *words_obj;
+    PyObject *h_obj, *words_obj, *name_obj = Py_None;
     Py_ssize_t k;
-    if (!PyArg_ParseTuple(args, "OOn", &h_obj, &words_obj, &k)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOn|O", &h_obj, &words_obj, &k, &name_obj)) return NULL;
+    int has_name = name_obj != Py_None;
+    uint64_t name = 0;
+    if (has_name) {
+        name = PyLong_AsUnsignedLongLong(name_obj);
+        if (PyErr_Occurred()) return NULL;
+    }
     Py_buffer h, words;
     if (get_buffer(h_obj, &h, 1, "h") != 0) return NULL;
     if (get_buffer(words_obj, &words, 0, "words") != 0) {
@@ -284,29 +311,20 @@ static PyObject *split_hash(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_ssize_t rows = h.len / 8;
-    if (h.itemsize != 8 || words.itemsize != 8 || k < 1 || words.len != rows * k * 8) {
+    if (h.itemsize != 8 || (words.itemsize != 8 && words.itemsize != 4) || k < 1 ||
+        words.len != rows * k * words.itemsize) {
         PyBuffer_Release(&h);
         PyBuffer_Release(&words);
-        return PyErr_Format(PyExc_ValueError, "split_hash needs uint64 h (rows) and words (rows x %zd)", k);
+        return PyErr_Format(PyExc_ValueError, "split_hash needs uint64 h (rows) and uint64 or uint32 words (rows x %zd)",
+                            k);
     }
     uint64_t *hv = (uint64_t *)h.buf;
-    const uint64_t *w = (const uint64_t *)words.buf;
     Py_BEGIN_ALLOW_THREADS
     /* Each row's fold is one chain of dependent multiplies; eight rows at a time keep eight chains in flight. */
-    Py_ssize_t r = 0;
-    for (; r + 8 <= rows; r += 8) {
-        uint64_t v[8];
-        for (int i = 0; i < 8; i++) v[i] = hv[r + i];
-        for (Py_ssize_t j = 0; j < k; j++)
-            for (int i = 0; i < 8; i++) v[i] = mix(v[i] ^ w[(r + i) * k + j]);
-        for (int i = 0; i < 8; i++) hv[r + i] = v[i];
-    }
-    for (; r < rows; r++) {
-        uint64_t value = hv[r];
-        const uint64_t *row = w + r * k;
-        for (Py_ssize_t j = 0; j < k; j++) value = mix(value ^ row[j]);
-        hv[r] = value;
-    }
+    if (words.itemsize == 8)
+        FOLD_ROWS(uint64_t);
+    else
+        FOLD_ROWS(uint32_t);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&h);
     PyBuffer_Release(&words);
@@ -355,7 +373,8 @@ static PyMethodDef methods[] = {
     {"frame_rows", frame_rows, METH_VARARGS,
      "frame_rows(out, template, pieces, order): fill fixed-width records from a template and columns, then frame them"},
     {"frame_offsets", frame_offsets, METH_VARARGS, "frame_offsets(data, offsets): write the payload CRC of each record"},
-    {"split_hash", split_hash, METH_VARARGS, "split_hash(h, words, k): fold k uint64 words per row into h"},
+    {"split_hash", split_hash, METH_VARARGS,
+     "split_hash(h, words, k, name=None): fold the word `name` (when given), then k uint64 or uint32 words per row, into h"},
     {"start_writeback", start_writeback, METH_VARARGS,
      "start_writeback(fd, offset, nbytes): start writing a byte range of a file to its device (no wait)"},
     {"crc32c", crc32c_value, METH_VARARGS, "crc32c(data): the (unmasked) CRC32C of a buffer"},

@@ -96,6 +96,8 @@ def _coerce_arrow(raw: pa.Array, ctype: ColumnType, is_csv: bool) -> Column:
         return mark.column(np.zeros(num_rows, ctype.numpy_dtype))
     target = arrow_type(ctype)
     dtype = ctype.numpy_dtype
+    if raw.type == target and not raw.null_count:  # typed as the column already (Parquet, a parsed CSV block)
+        return mark.column(raw.to_numpy(zero_copy_only=False))
     while True:
         good_rows = np.flatnonzero(~mark.bad)
         if not len(good_rows):
@@ -125,9 +127,13 @@ def _coerce_arrow_vector(raw: pa.Array, ctype: ColumnType, mark: _Marker) -> Col
     if not is_list(raw.type):
         mark(np.arange(num_rows), f"is a {raw.type}, not a vector of {width} numbers")
         return mark.column(zeros())
+    target = arrow_type(ColumnType(ctype.dtype))
+    if pa.types.is_fixed_size_list(raw.type) and raw.type.list_size == width and not raw.null_count:
+        flat = raw.flatten()  # the common case: every vector present and whole, typed already
+        if flat.type == target and not flat.null_count:
+            return mark.column(flat.to_numpy(zero_copy_only=False).reshape(-1, width))
     lengths = pc.list_value_length(raw).fill_null(-1).to_numpy(zero_copy_only=False)
     mark(np.flatnonzero(lengths != width), f"is not a vector of length {width}")
-    target = arrow_type(ColumnType(ctype.dtype))
     while True:
         good_rows = np.flatnonzero(~mark.bad)
         if not len(good_rows):

@@ -6,7 +6,7 @@ import concurrent.futures
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +17,7 @@ from pipeline_lib.data.errors import ConversionError
 from pipeline_lib.data.sources import ListedFile
 
 MISSING = object()  # a key absent from a JSON object
+T = TypeVar("T")
 
 
 def is_missing(value: Any) -> bool:
@@ -90,10 +91,11 @@ def prepend(first: RawChunk, rest: Iterator[RawChunk]) -> Iterator[RawChunk]:
         rest.close()
 
 
-def read_ahead(chunks: Iterator[RawChunk]) -> Iterator[RawChunk]:
+def read_ahead(chunks: Iterator[T]) -> Iterator[T]:
     """Read the next chunk on a helper thread while this one is encoded (Arrow and zlib release the GIL).
 
-    At most two chunks are in memory: the one being converted and the one being read.
+    At most two chunks are in memory: the one being converted and the one being read. Any iterator whose items
+    are never None can be read ahead so (the CSV reader reads its blocks of lines ahead of their parse).
     """
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-read") as pool:
         pending = pool.submit(next, chunks, None)

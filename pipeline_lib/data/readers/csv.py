@@ -12,7 +12,7 @@ import pyarrow.csv as pacsv
 
 from pipeline_lib.config import DataConfig
 from pipeline_lib.data.errors import ConversionError
-from pipeline_lib.data.readers.base import RawChunk, check_columns, stored_bytes
+from pipeline_lib.data.readers.base import RawChunk, check_columns, read_ahead, stored_bytes
 from pipeline_lib.data.sources import ListedFile
 
 # Bytes read at a time while a block of whole lines is gathered (the first read also estimates the line length).
@@ -61,7 +61,8 @@ class CsvReader:
         with self._open() as handle:
             handle.readline()
             line_start = 2
-            for text, num_lines, num_bytes in _line_blocks(handle, chunk_rows):
+            # The next block is read (and, from a compressed file, decompressed) while this one is parsed.
+            for text, num_lines, num_bytes in read_ahead(_line_blocks(handle, chunk_rows)):
                 yield self._parse(text, num_lines, line_start, needed, stored_bytes(self.source.path, num_bytes))
                 line_start += num_lines
 
