@@ -157,6 +157,9 @@ static void release_pieces(piece_t *pieces, Py_ssize_t n) {
     PyMem_Free(pieces);
 }
 
+/* Records framed at a time by frame_rows: 128 records of a few hundred bytes stay in L2 between the passes. */
+#define FRAME_BLOCK_ROWS 128
+
 static PyObject *frame_rows(PyObject *self, PyObject *args) {
     PyObject *out_obj, *template_obj, *pieces_obj, *order_obj;
     if (!PyArg_ParseTuple(args, "OOOO", &out_obj, &template_obj, &pieces_obj, &order_obj)) return NULL;
@@ -245,15 +248,30 @@ static PyObject *frame_rows(PyObject *self, PyObject *args) {
         uint8_t *base = (uint8_t *)out.buf;
         const uint8_t *row_template = (const uint8_t *)tmpl.buf;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t j = 0; j < rows; j++) {
-            uint8_t *record = base + j * width;
-            Py_ssize_t r = index ? index[j] : j;
-            memcpy(record, row_template, (size_t)width);
+        /* Column by column within a block of rows that stays in cache: each column's copy is one tight loop of
+           a constant size (a row of 33 float columns cost 33 calls of memcpy of a runtime size, row by row). */
+        for (Py_ssize_t first = 0; first < rows; first += FRAME_BLOCK_ROWS) {
+            const Py_ssize_t last = first + FRAME_BLOCK_ROWS < rows ? first + FRAME_BLOCK_ROWS : rows;
+            for (Py_ssize_t j = first; j < last; j++) memcpy(base + j * width, row_template, (size_t)width);
             for (Py_ssize_t i = 0; i < npieces; i++) {
                 const piece_t *p = &pieces[i];
-                memcpy(record + p->position, (const uint8_t *)p->view.buf + r * p->stride, (size_t)p->width);
+                const uint8_t *column = (const uint8_t *)p->view.buf;
+                uint8_t *to = base + p->position;
+#define COPY_COLUMN(SIZE)                                                                                  \
+    for (Py_ssize_t j = first; j < last; j++)                                                              \
+        memcpy(to + j * width, column + (index ? index[j] : j) * p->stride, SIZE)
+                switch (p->width) {
+                    case 1: COPY_COLUMN(1); break;
+                    case 4: COPY_COLUMN(4); break;
+                    case 8: COPY_COLUMN(8); break;
+                    default: COPY_COLUMN((size_t)p->width);
+                }
+#undef COPY_COLUMN
             }
-            put_masked(record + width - 4, crc32c(record + 12, (size_t)(width - 16)));
+            for (Py_ssize_t j = first; j < last; j++) {
+                uint8_t *record = base + j * width;
+                put_masked(record + width - 4, crc32c(record + 12, (size_t)(width - 16)));
+            }
         }
         Py_END_ALLOW_THREADS
     }
