@@ -184,7 +184,8 @@ def _line_blocks(handle, num_lines: int) -> Iterator[tuple[bytes, int, int]]:
             for _ in range(counted - num_lines):  # back to the end of the block's last line
                 cut = buffer.rfind(b"\n", 0, cut - 1) + 1
             lines = num_lines
-        text = bytes(buffer[:cut])
+        with memoryview(buffer) as view:  # one copy (a slice of the bytearray would be a second)
+            text = bytes(view[:cut])
         del buffer[:cut]
         counted -= lines
         num_bytes = len(text)
