@@ -26,6 +26,7 @@ from pipeline_lib.core.events import ConversionProgress
 from pipeline_lib.data.accumulators import StatisticsBuilder
 from pipeline_lib.data.bad_records import BadRecords
 from pipeline_lib.data.coercion import Column, arrow_type, coerce
+from pipeline_lib.data.encoding import RECORD_BUFFERS
 from pipeline_lib.data.errors import ConversionError
 from pipeline_lib.data.framing import encode_tfrecords
 from pipeline_lib.data.manifest import DType, Manifest, RecordLayout
@@ -193,6 +194,7 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
     finally:
         first_chunks.close()
         writes.close()
+        RECORD_BUFFERS.clear()
         stats.statistics.close()
         shutil.rmtree(staging_dir, ignore_errors=True)
     logger.info(

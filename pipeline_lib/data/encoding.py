@@ -286,6 +286,11 @@ class BufferPool:
                 return self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))[:num_bytes]
         return np.empty(num_bytes, dtype=_U8)
 
+    def clear(self) -> None:
+        """Drop the idle buffers (at the end of a conversion: the process may go on to other work)."""
+        with self._lock:
+            self._free.clear()
+
     def give_back(self, array: np.ndarray) -> None:
         """Keep `array` for a later `take`: nothing may read or write it any more."""
         buffer = array if array.base is None else array.base

@@ -12,7 +12,12 @@ import pyarrow.csv as pacsv
 
 from pipeline_lib.config import DataConfig
 from pipeline_lib.data.errors import ConversionError
-from pipeline_lib.data.readers.base import RawChunk, check_columns, read_ahead, stored_bytes
+from pipeline_lib.data.readers.base import (
+    RawChunk,
+    check_columns,
+    read_ahead,
+    stored_bytes,
+)
 from pipeline_lib.data.sources import ListedFile
 
 # Bytes read at a time while a block of whole lines is gathered (the first read also estimates the line length).

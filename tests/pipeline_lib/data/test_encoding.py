@@ -78,3 +78,6 @@ def test_buffer_pool_hands_a_given_back_buffer_out_again_and_keeps_at_most_its_l
     pool.give_back(buffers[0])  # given back twice: kept once
     taken = [pool.take(100) for _ in range(3)]
     assert sum(any(np.shares_memory(t, b) for b in buffers) for t in taken) == 2
+    pool.give_back(taken[0])
+    pool.clear()  # what convert() does at its end: no idle buffer outlives the conversion
+    assert not np.shares_memory(pool.take(100), taken[0])
