@@ -411,5 +411,7 @@ PyMODINIT_FUNC PyInit__native(void) {
 #endif
     PyObject *m = PyModule_Create(&module);
     if (m != NULL) PyModule_AddIntConstant(m, "hardware_crc", have_sse42);
+    /* 2: split_hash takes the column's name word and uint32 words (an extension built before takes neither). */
+    if (m != NULL) PyModule_AddIntConstant(m, "split_hash_version", 2);
     return m;
 }

@@ -65,9 +65,11 @@ def split_hash(columns: dict[str, Any], seed: int) -> np.ndarray:
     num_rows = len(next(iter(columns.values())))
     scratch = np.empty(num_rows, dtype=np.uint64)
     h = _mix(np.full(num_rows, np.uint64(seed & 0xFFFFFFFFFFFFFFFF) ^ np.uint64(0x9E3779B97F4A7C15)), scratch)
+    # getattr: an extension built before its split_hash took the name word (not reinstalled yet) takes numpy's.
+    in_c = native.module is not None and getattr(native.module, "split_hash_version", 1) >= 2
     for name, values in columns.items():
         words = _words(values)
-        if native.module is not None:  # the same fold, the name's word first, in one C loop, row by row
+        if in_c:  # the same fold, the name's word first, in one C loop, row by row
             native.module.split_hash(h, np.ascontiguousarray(words), words.shape[1], int(_name_word(name)))
             continue
         h ^= _name_word(name)
