@@ -1,5 +1,5 @@
-"""Scale, not just speed: conversion of 10M rows against 1M (peak RSS and rate), and the input pipeline and the
-shard planner at 10,000 shards. Printed by `make bench` (and recorded), never asserted in tests.
+"""Scale, not just speed: conversion of 10M rows against 1M (peak RSS and rate), of a 1 GB CSV against a tenth
+of it (peak RSS), and the input pipeline and the shard planner at 10,000 shards. Printed by `make bench` (and recorded), never asserted in tests.
 
 Each conversion runs in a fresh process (it imports no TensorFlow), so its peak RSS is its own; the two sizes
 alternate (1M, 10M, 1M, 10M ...) for `repeats` rounds, medians recorded.
@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from bench import budget, case, interleaved
-from bench.bench_conversion import write_source
+from bench.bench_conversion import write_csv, write_source
 
 _PROBE = """
 import json, sys, time
@@ -81,6 +81,23 @@ def run(rows: int = 10_000_000, width: int = 32, quick: bool = False, repeats: i
               f"{np.median(rss['1x']):.0f} and {np.median(rss['10x']):.0f} MB")
         for path in sources.values():
             os.remove(path)
+        # A CSV of about 1 GB (233 bytes a line), against a tenth of it: read in blocks of lines, memory stays flat.
+        csv_rows = 20_000 if quick else 4_300_000
+        csv_sources = {"1x": os.path.join(work, "small.csv"), "10x": os.path.join(work, "big.csv")}
+        write_csv(csv_sources["1x"], csv_rows // 10, width, seed=4)
+        write_csv(csv_sources["10x"], csv_rows, width, seed=5)
+        csv_gb = os.path.getsize(csv_sources["10x"]) / 1e9
+        csv_results: dict[str, list[dict]] = {"1x": [], "10x": []}
+        for _ in range(repeats):
+            for size in ("1x", "10x"):
+                csv_results[size].append(_convert_in_fresh_process(csv_sources[size], os.path.join(work, "out-csv")))
+        csv_rss = {size: [r["peak_rss_mb"] for r in csv_results[size]] for size in csv_results}
+        csv_rate = [r["rows"] / r["seconds"] for r in csv_results["10x"]]
+        print(f"scale: conversion of a {csv_gb:.2f} GB CSV ({csv_rows:,} rows) in a fresh process: "
+              f"{np.median(csv_rate):,.0f} rows/s, peak RSS {np.median(csv_rss['10x']):.0f} MB (a tenth of it: "
+              f"{np.median(csv_rss['1x']):.0f} MB)")
+        for path in csv_sources.values():
+            os.remove(path)
         input_rows = 20_000 if quick else 1_000_000
         few = _input_at(8, input_rows, width, os.path.join(work, "input-8"))
         many = _input_at(10_000, input_rows, width, os.path.join(work, "input-10000"))
@@ -101,6 +118,10 @@ def run(rows: int = 10_000_000, width: int = 32, quick: bool = False, repeats: i
         case(f"conversion peak RSS at {rows:,} rows vs {small_rows:,} (MB)", rss["10x"], rss["1x"], 1 / 1.1,
              higher_is_better=False, unit="MB", baseline_name=f"peak RSS at {small_rows:,} rows",
              bound="one decoded row group ahead and two encoded batches queued, whatever the input size."),
+        case(f"conversion peak RSS, {csv_gb:.2f} GB CSV vs a tenth of it (MB)", csv_rss["10x"], csv_rss["1x"], 0.67,
+             higher_is_better=False, unit="MB", baseline_name=f"peak RSS at {csv_rows // 10:,} rows",
+             bound="blocks of read_chunk_rows lines: one read ahead, one parsed, one converted, two encoded "
+                   "batches queued, whatever the file's size."),
         case("create_dataset over 10,000 shards vs 8, same rows (rows/s)", [many], [few], 0.9, unit="rows/s",
              baseline_name="the same rows in 8 files",
              bound="opening a file per shard, one after the other, in tf.data's reader."),

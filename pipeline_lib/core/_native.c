@@ -17,8 +17,9 @@
                                  device now, without waiting (Linux sync_file_range; a no-op elsewhere), so a
                                  later fsync has little left to wait for.
    use_hardware(flag)            switch between the CPU's crc32 instruction and the table loop (for tests).
-   split_hash(h, words, k)       for each row r: for each of its k uint64 words w: h[r] ^= w; h[r] = mix(h[r]),
-                                 mix being splitmix64's finalizer (the numpy loop in conversion.split_hash).
+   split_hash(h, words, k, name) for each row r: with `name`, h[r] = mix(h[r] ^ name); then for each of its k
+                                 words w (uint64, or uint32 zero-extended): h[r] = mix(h[r] ^ w), mix being
+                                 splitmix64's finalizer (the numpy loop in pipeline_lib.data.split.split_hash).
    numeric_statistics(...)       one numeric column's statistics for both splits (in _native_statistics.c).
 */
 #define PY_SSIZE_T_CLEAN
@@ -156,6 +157,9 @@ static void release_pieces(piece_t *pieces, Py_ssize_t n) {
     PyMem_Free(pieces);
 }
 
+/* Records framed at a time by frame_rows: 128 records of a few hundred bytes stay in L2 between the passes. */
+#define FRAME_BLOCK_ROWS 128
+
 static PyObject *frame_rows(PyObject *self, PyObject *args) {
     PyObject *out_obj, *template_obj, *pieces_obj, *order_obj;
     if (!PyArg_ParseTuple(args, "OOOO", &out_obj, &template_obj, &pieces_obj, &order_obj)) return NULL;
@@ -244,15 +248,30 @@ static PyObject *frame_rows(PyObject *self, PyObject *args) {
         uint8_t *base = (uint8_t *)out.buf;
         const uint8_t *row_template = (const uint8_t *)tmpl.buf;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t j = 0; j < rows; j++) {
-            uint8_t *record = base + j * width;
-            Py_ssize_t r = index ? index[j] : j;
-            memcpy(record, row_template, (size_t)width);
+        /* Column by column within a block of rows that stays in cache: each column's copy is one tight loop of
+           a constant size (a row of 33 float columns cost 33 calls of memcpy of a runtime size, row by row). */
+        for (Py_ssize_t first = 0; first < rows; first += FRAME_BLOCK_ROWS) {
+            const Py_ssize_t last = first + FRAME_BLOCK_ROWS < rows ? first + FRAME_BLOCK_ROWS : rows;
+            for (Py_ssize_t j = first; j < last; j++) memcpy(base + j * width, row_template, (size_t)width);
             for (Py_ssize_t i = 0; i < npieces; i++) {
                 const piece_t *p = &pieces[i];
-                memcpy(record + p->position, (const uint8_t *)p->view.buf + r * p->stride, (size_t)p->width);
+                const uint8_t *column = (const uint8_t *)p->view.buf;
+                uint8_t *to = base + p->position;
+#define COPY_COLUMN(SIZE)                                                                                  \
+    for (Py_ssize_t j = first; j < last; j++)                                                              \
+        memcpy(to + j * width, column + (index ? index[j] : j) * p->stride, SIZE)
+                switch (p->width) {
+                    case 1: COPY_COLUMN(1); break;
+                    case 4: COPY_COLUMN(4); break;
+                    case 8: COPY_COLUMN(8); break;
+                    default: COPY_COLUMN((size_t)p->width);
+                }
+#undef COPY_COLUMN
             }
-            put_masked(record + width - 4, crc32c(record + 12, (size_t)(width - 16)));
+            for (Py_ssize_t j = first; j < last; j++) {
+                uint8_t *record = base + j * width;
+                put_masked(record + width - 4, crc32c(record + 12, (size_t)(width - 16)));
+            }
         }
         Py_END_ALLOW_THREADS
     }
@@ -273,10 +292,36 @@ static inline uint64_t mix(uint64_t h) {
     return h;
 }
 
+/* One column's words of every row: uint64, or uint32 zero-extended (a float32 column of odd width). */
+#define FOLD_ROWS(WORD_T)                                                                              \
+    do {                                                                                               \
+        const WORD_T *w = (const WORD_T *)words.buf;                                                   \
+        Py_ssize_t r = 0;                                                                              \
+        for (; r + 8 <= rows; r += 8) {                                                                \
+            uint64_t v[8];                                                                             \
+            for (int i = 0; i < 8; i++) v[i] = has_name ? mix(hv[r + i] ^ name) : hv[r + i];         \
+            for (Py_ssize_t j = 0; j < k; j++)                                                         \
+                for (int i = 0; i < 8; i++) v[i] = mix(v[i] ^ (uint64_t)w[(r + i) * k + j]);           \
+            for (int i = 0; i < 8; i++) hv[r + i] = v[i];                                              \
+        }                                                                                              \
+        for (; r < rows; r++) {                                                                        \
+            uint64_t value = has_name ? mix(hv[r] ^ name) : hv[r];                                     \
+            const WORD_T *row = w + r * k;                                                             \
+            for (Py_ssize_t j = 0; j < k; j++) value = mix(value ^ (uint64_t)row[j]);                  \
+            hv[r] = value;                                                                             \
+        }                                                                                              \
+    } while (0)
+
 static PyObject *split_hash(PyObject *self, PyObject *args) {
-    PyObject *h_obj, *words_obj;
+    PyObject *h_obj, *words_obj, *name_obj = Py_None;
     Py_ssize_t k;
-    if (!PyArg_ParseTuple(args, "OOn", &h_obj, &words_obj, &k)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOn|O", &h_obj, &words_obj, &k, &name_obj)) return NULL;
+    int has_name = name_obj != Py_None;
+    uint64_t name = 0;
+    if (has_name) {
+        name = PyLong_AsUnsignedLongLong(name_obj);
+        if (PyErr_Occurred()) return NULL;
+    }
     Py_buffer h, words;
     if (get_buffer(h_obj, &h, 1, "h") != 0) return NULL;
     if (get_buffer(words_obj, &words, 0, "words") != 0) {
@@ -284,29 +329,20 @@ static PyObject *split_hash(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_ssize_t rows = h.len / 8;
-    if (h.itemsize != 8 || words.itemsize != 8 || k < 1 || words.len != rows * k * 8) {
+    if (h.itemsize != 8 || (words.itemsize != 8 && words.itemsize != 4) || k < 1 ||
+        words.len != rows * k * words.itemsize) {
         PyBuffer_Release(&h);
         PyBuffer_Release(&words);
-        return PyErr_Format(PyExc_ValueError, "split_hash needs uint64 h (rows) and words (rows x %zd)", k);
+        return PyErr_Format(PyExc_ValueError, "split_hash needs uint64 h (rows) and uint64 or uint32 words (rows x %zd)",
+                            k);
     }
     uint64_t *hv = (uint64_t *)h.buf;
-    const uint64_t *w = (const uint64_t *)words.buf;
     Py_BEGIN_ALLOW_THREADS
     /* Each row's fold is one chain of dependent multiplies; eight rows at a time keep eight chains in flight. */
-    Py_ssize_t r = 0;
-    for (; r + 8 <= rows; r += 8) {
-        uint64_t v[8];
-        for (int i = 0; i < 8; i++) v[i] = hv[r + i];
-        for (Py_ssize_t j = 0; j < k; j++)
-            for (int i = 0; i < 8; i++) v[i] = mix(v[i] ^ w[(r + i) * k + j]);
-        for (int i = 0; i < 8; i++) hv[r + i] = v[i];
-    }
-    for (; r < rows; r++) {
-        uint64_t value = hv[r];
-        const uint64_t *row = w + r * k;
-        for (Py_ssize_t j = 0; j < k; j++) value = mix(value ^ row[j]);
-        hv[r] = value;
-    }
+    if (words.itemsize == 8)
+        FOLD_ROWS(uint64_t);
+    else
+        FOLD_ROWS(uint32_t);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&h);
     PyBuffer_Release(&words);
@@ -355,7 +391,8 @@ static PyMethodDef methods[] = {
     {"frame_rows", frame_rows, METH_VARARGS,
      "frame_rows(out, template, pieces, order): fill fixed-width records from a template and columns, then frame them"},
     {"frame_offsets", frame_offsets, METH_VARARGS, "frame_offsets(data, offsets): write the payload CRC of each record"},
-    {"split_hash", split_hash, METH_VARARGS, "split_hash(h, words, k): fold k uint64 words per row into h"},
+    {"split_hash", split_hash, METH_VARARGS,
+     "split_hash(h, words, k, name=None): fold the word `name` (when given), then k uint64 or uint32 words per row, into h"},
     {"start_writeback", start_writeback, METH_VARARGS,
      "start_writeback(fd, offset, nbytes): start writing a byte range of a file to its device (no wait)"},
     {"crc32c", crc32c_value, METH_VARARGS, "crc32c(data): the (unmasked) CRC32C of a buffer"},
@@ -374,5 +411,7 @@ PyMODINIT_FUNC PyInit__native(void) {
 #endif
     PyObject *m = PyModule_Create(&module);
     if (m != NULL) PyModule_AddIntConstant(m, "hardware_crc", have_sse42);
+    /* 2: split_hash takes the column's name word and uint32 words (an extension built before takes neither). */
+    if (m != NULL) PyModule_AddIntConstant(m, "split_hash_version", 2);
     return m;
 }

@@ -27,7 +27,8 @@ class Column:
     reasons: dict[int, tuple[Any, str]]  # row → (value, why), for the rows in `bad`
 
 
-def _arrow_target(ctype: ColumnType) -> pa.DataType:
+def arrow_type(ctype: ColumnType) -> pa.DataType:
+    """The Arrow type of a column's values (of each element, for a vector column) once coerced to `ctype`."""
     return {DType.INT64: pa.int64(), DType.FLOAT32: pa.float32(), DType.STRING: pa.binary()}[ctype.dtype]
 
 
@@ -73,9 +74,11 @@ def _coerce_arrow(raw: pa.Array, ctype: ColumnType, is_csv: bool) -> Column:
         raw = raw.combine_chunks()
     num_rows = len(raw)
     mark = _Marker(raw, num_rows)
-    if raw.null_count or (is_csv and ctype.dtype != DType.STRING):
+    # A CSV cell read as text is missing when empty (a column the reader parsed to numbers has no text to compare).
+    csv_text = is_csv and ctype.dtype != DType.STRING and is_text(raw.type)
+    if raw.null_count or csv_text:
         missing = raw.is_null()
-        if is_csv and ctype.dtype != DType.STRING:
+        if csv_text:
             missing = pc.or_(missing, pc.equal(raw, ""))
         mark(np.flatnonzero(missing.to_numpy(zero_copy_only=False)), "is missing")
     if ctype.shape:
@@ -91,8 +94,10 @@ def _coerce_arrow(raw: pa.Array, ctype: ColumnType, is_csv: bool) -> Column:
     if is_list(raw.type) or pa.types.is_struct(raw.type):
         mark(np.arange(num_rows), f"is a {raw.type}, not a {ctype.dtype.value}")
         return mark.column(np.zeros(num_rows, ctype.numpy_dtype))
-    target = _arrow_target(ctype)
+    target = arrow_type(ctype)
     dtype = ctype.numpy_dtype
+    if raw.type == target and not raw.null_count:  # typed as the column already (Parquet, a parsed CSV block)
+        return mark.column(raw.to_numpy(zero_copy_only=False))
     while True:
         good_rows = np.flatnonzero(~mark.bad)
         if not len(good_rows):
@@ -122,9 +127,13 @@ def _coerce_arrow_vector(raw: pa.Array, ctype: ColumnType, mark: _Marker) -> Col
     if not is_list(raw.type):
         mark(np.arange(num_rows), f"is a {raw.type}, not a vector of {width} numbers")
         return mark.column(zeros())
+    target = arrow_type(ColumnType(ctype.dtype))
+    if pa.types.is_fixed_size_list(raw.type) and raw.type.list_size == width and not raw.null_count:
+        flat = raw.flatten()  # the common case: every vector present and whole, typed already
+        if flat.type == target and not flat.null_count:
+            return mark.column(flat.to_numpy(zero_copy_only=False).reshape(-1, width))
     lengths = pc.list_value_length(raw).fill_null(-1).to_numpy(zero_copy_only=False)
     mark(np.flatnonzero(lengths != width), f"is not a vector of length {width}")
-    target = _arrow_target(ColumnType(ctype.dtype))
     while True:
         good_rows = np.flatnonzero(~mark.bad)
         if not len(good_rows):

@@ -25,7 +25,8 @@ from pipeline_lib.core import storage
 from pipeline_lib.core.events import ConversionProgress
 from pipeline_lib.data.accumulators import StatisticsBuilder
 from pipeline_lib.data.bad_records import BadRecords
-from pipeline_lib.data.coercion import Column, coerce
+from pipeline_lib.data.coercion import Column, arrow_type, coerce
+from pipeline_lib.data.encoding import RECORD_BUFFERS
 from pipeline_lib.data.errors import ConversionError
 from pipeline_lib.data.framing import encode_tfrecords
 from pipeline_lib.data.manifest import DType, Manifest, RecordLayout
@@ -136,6 +137,9 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
     if label_type.shape:
         raise ConversionError(f"data.label {data.label!r} holds vectors of shape {label_type.shape}; the label "
                               "must be one number or string per row")
+    # The CSV reader parses the chunks still to come straight to these types.
+    parse_types = {name: arrow_type(types[name]) for name in needed if not types[name].shape}
+    first_reader.use_types(parse_types)
     vocabulary = None
     if label_type.dtype == DType.STRING:
         vocabulary = _scan_vocabulary(fs, files, data, label_type)
@@ -161,7 +165,9 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
             if index == 0:  # the chunk the schema came from is converted, not read a second time
                 chunks = prepend(first_chunk, first_chunks)
             else:
-                chunks = open_reader(fs, source_file, data).chunks(needed, data.read_chunk_rows)
+                reader = open_reader(fs, source_file, data)
+                reader.use_types(parse_types)
+                chunks = reader.chunks(needed, data.read_chunk_rows)
             for chunk in read_ahead(chunks):
                 _convert_chunk(chunk, source_file.format, data, features, types, vocabulary, shards, writes,
                                stats)
@@ -188,6 +194,7 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
     finally:
         first_chunks.close()
         writes.close()
+        RECORD_BUFFERS.clear()
         stats.statistics.close()
         shutil.rmtree(staging_dir, ignore_errors=True)
     logger.info(

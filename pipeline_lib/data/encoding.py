@@ -16,6 +16,7 @@ in TFRecord frames.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -262,6 +263,49 @@ def assemble(pieces: Sequence[Piece], num_rows: int) -> tuple[np.ndarray, np.nda
                 out[np.repeat(position, piece.lengths) + within] = piece.flat[np.repeat(piece.src_starts, piece.lengths) + within]
             position += piece.lengths
     return out, offsets
+
+
+class BufferPool:
+    """Byte buffers of written batches, kept for the next ones: fresh pages cost more than encoding into them.
+
+    A new 37 MB array took 0.15 s of CPU to fault in and zero on this 2-core VM, where encoding 65,536 records
+    into a warm one takes 0.015 s. Conversion gives a batch's buffer back once its shard writer has written
+    (copied) the bytes; at most `max_buffers` idle ones are kept, so memory stays bounded by the batches in flight.
+    """
+
+    def __init__(self, max_buffers: int):
+        self._free: list[np.ndarray] = []
+        self._max = max_buffers
+        self._lock = threading.Lock()
+
+    def take(self, num_bytes: int) -> np.ndarray:
+        """A uint8 array of `num_bytes` (its contents undefined), from an idle buffer when one is large enough."""
+        with self._lock:
+            fits = [i for i, b in enumerate(self._free) if b.nbytes >= num_bytes]
+            if fits:
+                return self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))[:num_bytes]
+        return np.empty(num_bytes, dtype=_U8)
+
+    def clear(self) -> None:
+        """Drop the idle buffers (at the end of a conversion: the process may go on to other work)."""
+        with self._lock:
+            self._free.clear()
+
+    def give_back(self, array: np.ndarray) -> None:
+        """Keep `array` for a later `take`: nothing may read or write it any more."""
+        buffer = array if array.base is None else array.base
+        if not isinstance(buffer, np.ndarray) or buffer.dtype != _U8 or buffer.ndim != 1:
+            return
+        with self._lock:
+            if any(b is buffer for b in self._free):
+                return
+            self._free.append(buffer)
+            if len(self._free) > self._max:  # the smallest goes (arrays compare by value: removed by index)
+                del self._free[min(range(len(self._free)), key=lambda i: self._free[i].nbytes)]
+
+
+# Buffers of the batches conversion encodes: two queued for the writer and one being encoded.
+RECORD_BUFFERS = BufferPool(max_buffers=3)
 
 
 @dataclass(frozen=True)

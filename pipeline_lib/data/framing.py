@@ -16,6 +16,7 @@ import pyarrow as pa
 from pipeline_lib.core import native
 from pipeline_lib.data.encoding import (
     BATCH_ROWS,
+    RECORD_BUFFERS,
     ColumnLike,
     EncodedBatch,
     Piece,
@@ -81,7 +82,7 @@ def _fixed_tfrecords(example: Sequence[Piece], rows: int, size: int, order: np.n
             variable.append((position, fixed if fixed.strides[1] == 1 else np.ascontiguousarray(fixed)))
         position += w
     out_rows = rows if order is None else len(order)
-    out = np.empty((out_rows, width), dtype=_U8)
+    out = RECORD_BUFFERS.take(out_rows * width).reshape(out_rows, width)
     if out_rows and native.module is not None:
         # Template, columns and CRC of each record in one pass, with the GIL released.
         native.module.frame_rows(out, template, variable, order)

@@ -103,8 +103,16 @@ def _arrow_scalar_dtype(arrow_type: pa.DataType) -> DType | None:
     return None
 
 
+# Values tried first when inferring a type: a column that fails on them fails as a whole, and Arrow builds an
+# error message for every value a cast refuses (20 ms for 65,536 floats tried as int64, 33 columns: 0.6 s).
+_SAMPLE_VALUES = 64
+
+
 def _castable(values: pa.Array, arrow_type: pa.DataType) -> bool:
+    """Whether every one of `values` casts to `arrow_type`: a sample first, the whole array only if it passes."""
     try:
+        if len(values) > _SAMPLE_VALUES:
+            pc.cast(values.slice(0, _SAMPLE_VALUES), arrow_type)
         pc.cast(values, arrow_type)
         return True
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

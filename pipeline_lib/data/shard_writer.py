@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline_lib.data.encoding import EncodedBatch
+from pipeline_lib.data.encoding import RECORD_BUFFERS, EncodedBatch
 from pipeline_lib.data.tfrecord_writer import TFRecordFileWriter
 
 SPLITS = ("train", "eval")
@@ -130,12 +130,14 @@ class BackgroundWrites:
             parts.append((shards["train"], batch.rows(num_eval, len(batch))))
         while len(self._pending) >= _WRITES_IN_FLIGHT:
             self._pending.popleft().result()
-        self._pending.append(self._pool.submit(self._write, parts))
+        self._pending.append(self._pool.submit(self._write, parts, batch))
 
     @staticmethod
-    def _write(parts: list[tuple[RollingShards, EncodedBatch]]) -> None:
+    def _write(parts: list[tuple[RollingShards, EncodedBatch]], batch: EncodedBatch) -> None:
         for split_shards, records in parts:
             split_shards.write(records)
+        # Every write copies (into the O_DIRECT buffer, the page cache or a gzip block) before it returns.
+        RECORD_BUFFERS.give_back(batch.data)
 
     def wait(self) -> None:
         """Until every queued batch is written (or failed); then raises the first write error, if any."""

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
+import pyarrow as pa
 from fsspec.utils import infer_compression
 
 from pipeline_lib.config import DataConfig
@@ -16,6 +17,7 @@ from pipeline_lib.data.errors import ConversionError
 from pipeline_lib.data.sources import ListedFile
 
 MISSING = object()  # a key absent from a JSON object
+T = TypeVar("T")
 
 
 def is_missing(value: Any) -> bool:
@@ -60,6 +62,10 @@ class Reader(Protocol):
     def chunks(self, needed: Sequence[str], chunk_rows: int) -> Iterator[RawChunk]:
         """The `needed` columns in chunks of at most `chunk_rows` rows, in file order; closes the file at the end."""
 
+    def use_types(self, types: Mapping[str, pa.DataType]) -> None:
+        """The Arrow types coercion will convert the columns to: a reader of text may parse chunks still to come
+        straight to them, where that gives the values and bad rows coercion would; the others ignore it."""
+
 
 def check_columns(uri: str, available: Sequence[str], needed: Sequence[str]) -> None:
     """Raise a ConversionError naming the `needed` columns that `uri` lacks."""
@@ -71,9 +77,9 @@ def check_columns(uri: str, available: Sequence[str], needed: Sequence[str]) -> 
         )
 
 
-def stored_bytes(path: str, lines: list[bytes]) -> int | None:
-    """The file bytes `lines` took, for a progress report: None for a compressed file (lines are not its bytes)."""
-    return None if infer_compression(path) else sum(map(len, lines))
+def stored_bytes(path: str, num_bytes: int) -> int | None:
+    """The file bytes that `num_bytes` read bytes took, for a progress report: None for a compressed file."""
+    return None if infer_compression(path) else num_bytes
 
 
 def prepend(first: RawChunk, rest: Iterator[RawChunk]) -> Iterator[RawChunk]:
@@ -85,10 +91,11 @@ def prepend(first: RawChunk, rest: Iterator[RawChunk]) -> Iterator[RawChunk]:
         rest.close()
 
 
-def read_ahead(chunks: Iterator[RawChunk]) -> Iterator[RawChunk]:
+def read_ahead(chunks: Iterator[T]) -> Iterator[T]:
     """Read the next chunk on a helper thread while this one is encoded (Arrow and zlib release the GIL).
 
-    At most two chunks are in memory: the one being converted and the one being read.
+    At most two chunks are in memory: the one being converted and the one being read. Any iterator whose items
+    are never None can be read ahead so (the CSV reader reads its blocks of lines ahead of their parse).
     """
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-read") as pool:
         pending = pool.submit(next, chunks, None)

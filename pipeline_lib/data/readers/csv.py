@@ -1,11 +1,10 @@
-"""The CSV reader: chunks of whole lines parsed by pyarrow as strings, each row with its line number."""
+"""The CSV reader: blocks of whole lines parsed by Arrow on every core, each row with its line number."""
 
 from __future__ import annotations
 
 import csv
 import io
-import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -13,12 +12,29 @@ import pyarrow.csv as pacsv
 
 from pipeline_lib.config import DataConfig
 from pipeline_lib.data.errors import ConversionError
-from pipeline_lib.data.readers.base import RawChunk, check_columns, stored_bytes
+from pipeline_lib.data.readers.base import (
+    RawChunk,
+    check_columns,
+    read_ahead,
+    stored_bytes,
+)
 from pipeline_lib.data.sources import ListedFile
+
+# Bytes read at a time while a block of whole lines is gathered (the first read also estimates the line length).
+_READ_BYTES = 1 << 20
 
 
 class CsvReader:
-    """CSV by lines: chunks of whole lines parsed by pyarrow as strings, so every row keeps its line number.
+    """CSV in blocks of `chunk_rows` whole lines, each parsed by Arrow on every core; every row keeps its line.
+
+    The happy path: a block is cut at its `chunk_rows`-th newline, and Arrow parses it multi-threaded, straight
+    to the column types `use_types` gave (conversion's inferred types), else as strings. Line numbers come from
+    counting newlines, which is exact when Arrow found one row per line. A block that is not that simple is
+    parsed again, by the path that names every bad row exactly: a value the typed parse refuses, a missing
+    cell, or spaces or tabs (a typed parse would trim them, where coercion of the string refuses the value) send
+    the block to a string parse; blank lines, rows with the wrong number of fields, a bare carriage return or
+    text that is not UTF-8 send it to the line-by-line parse, which skips and locates them. Either way the
+    values, bad rows and messages are the ones coercion of the string values gives.
 
     One record per line: quoted values with embedded newlines are not supported.
     """
@@ -33,52 +49,90 @@ class CsvReader:
         duplicates = sorted({n for n in self.names if self.names.count(n) > 1})
         if duplicates:
             raise ConversionError(f"{source.uri} line 1 repeats column name(s) {duplicates}; make them unique")
+        self._numeric_types: dict[str, pa.DataType] = {}
 
     def available_columns(self) -> list[str]:
         return list(self.names)
+
+    def use_types(self, types: Mapping[str, pa.DataType]) -> None:
+        """Parse the numeric columns of the blocks still to come straight to these Arrow types (int64, float32)."""
+        self._numeric_types = {name: t for name, t in types.items() if pa.types.is_integer(t) or pa.types.is_floating(t)}
 
     def _open(self):
         return self.fs.open(self.source.path, "rb", compression="infer")
 
     def chunks(self, needed: Sequence[str], chunk_rows: int) -> Iterator[RawChunk]:
         check_columns(self.source.uri, self.names, needed)
-        types = {n: pa.string() for n in self.names}
         with self._open() as handle:
             handle.readline()
             line_start = 2
-            while True:
-                lines = list(itertools.islice(handle, chunk_rows))
-                if not lines:
-                    return
-                invalid: list[str] = []
+            # The next block is read (and, from a compressed file, decompressed) while this one is parsed.
+            for text, num_lines, num_bytes in read_ahead(_line_blocks(handle, chunk_rows)):
+                yield self._parse(text, num_lines, line_start, needed, stored_bytes(self.source.path, num_bytes))
+                line_start += num_lines
 
-                def on_invalid(row, invalid=invalid):
-                    invalid.append(row.text)
-                    return "skip"
+    def _read(self, text: bytes, needed: Sequence[str], types: Mapping[str, pa.DataType], threads: bool,
+              on_invalid=None) -> pa.Table:
+        return pacsv.read_csv(
+            io.BytesIO(text),
+            read_options=pacsv.ReadOptions(column_names=self.names, use_threads=threads),
+            parse_options=pacsv.ParseOptions(delimiter=self.data.csv_delimiter, invalid_row_handler=on_invalid),
+            # Only an empty cell is null, and only in a typed column (a string column keeps it as ""), so a
+            # missing value is told apart from "NA" or "null", which coercion reports as unconvertible.
+            convert_options=pacsv.ConvertOptions(column_types={n: types.get(n, pa.string()) for n in self.names},
+                                                 include_columns=list(needed), null_values=[""],
+                                                 strings_can_be_null=False),
+        )
 
-                text = b"".join(lines)
-                try:
-                    table = pacsv.read_csv(
-                        io.BytesIO(text if text.endswith(b"\n") else text + b"\n"),
-                        read_options=pacsv.ReadOptions(column_names=self.names, use_threads=False),
-                        parse_options=pacsv.ParseOptions(delimiter=self.data.csv_delimiter,
-                                                         invalid_row_handler=on_invalid),
-                        convert_options=pacsv.ConvertOptions(column_types=types, include_columns=list(needed)),
-                    )
-                except pa.ArrowInvalid as error:
-                    raise ConversionError(
-                        f"{self.source.uri} lines {line_start}-{line_start + len(lines) - 1} cannot be parsed as CSV "
-                        f"({error}); CSV sources need UTF-8 text, one record per line, and data.csv_delimiter "
-                        f"({self.data.csv_delimiter!r}) between fields"
-                    ) from None
-                structural, positions_fn = self._locate(lines, line_start, invalid)
-                yield RawChunk(
-                    uri=self.source.uri, unit="line",
-                    columns={n: table.column(n).combine_chunks() for n in needed},
-                    num_rows=table.num_rows, positions_fn=positions_fn, structural=structural,
-                    num_bytes=stored_bytes(self.source.path, lines),
-                )
-                line_start += len(lines)
+    def _parse(self, text: bytes, num_lines: int, line_start: int, needed: Sequence[str],
+               num_bytes: int | None) -> RawChunk:
+        """One block of `num_lines` lines: the fast parse when it is exact, else the line-by-line one."""
+        typed = {n: t for n, t in self._numeric_types.items() if n in needed}
+        if typed and (b" " in text or b"\t" in text):
+            typed = {}
+        one_row_per_line = b"\r" not in text or text.count(b"\r") == text.count(b"\r\n")
+        table = None
+        attempts = ([typed, {}] if typed else [{}]) if one_row_per_line else []
+        for types in attempts:
+            try:
+                table = self._read(text, needed, types, threads=True)
+            except pa.ArrowInvalid:
+                table = None
+                continue
+            if table.num_rows != num_lines:  # a blank line: Arrow skipped it, so rows are not lines
+                table = None
+                break
+            if types and any(table.column(n).null_count for n in types):  # missing cells: reported as strings
+                table = None
+                continue
+            break
+        if table is None:
+            return self._parse_lines(text, line_start, needed, num_bytes)
+        return RawChunk(uri=self.source.uri, unit="line",
+                        columns={n: table.column(n).combine_chunks() for n in needed}, num_rows=table.num_rows,
+                        positions_fn=lambda: line_start + np.arange(num_lines), num_bytes=num_bytes)
+
+    def _parse_lines(self, text: bytes, line_start: int, needed: Sequence[str], num_bytes: int | None) -> RawChunk:
+        """A block parsed one-threaded as strings, its rows Arrow cannot split skipped and located by line."""
+        lines = io.BytesIO(text).readlines()  # split at b"\n" only, as iterating over the file does
+        invalid: list[str] = []
+
+        def on_invalid(row, invalid=invalid):
+            invalid.append(row.text)
+            return "skip"
+
+        try:
+            table = self._read(text, needed, {}, threads=False, on_invalid=on_invalid)
+        except pa.ArrowInvalid as error:
+            raise ConversionError(
+                f"{self.source.uri} lines {line_start}-{line_start + len(lines) - 1} cannot be parsed as CSV "
+                f"({error}); CSV sources need UTF-8 text, one record per line, and data.csv_delimiter "
+                f"({self.data.csv_delimiter!r}) between fields"
+            ) from None
+        structural, positions_fn = self._locate(lines, line_start, invalid)
+        return RawChunk(uri=self.source.uri, unit="line",
+                        columns={n: table.column(n).combine_chunks() for n in needed}, num_rows=table.num_rows,
+                        positions_fn=positions_fn, structural=structural, num_bytes=num_bytes)
 
     def _locate(self, lines: list[bytes], line_start: int, invalid: list[str]):
         """Structural bad rows now (they are rare), row → line numbers lazily (needed only for bad values)."""
@@ -102,3 +156,47 @@ class CsvReader:
                 rows.append(line_start + i)
         positions = np.array(rows, dtype=np.int64)
         return structural, lambda: positions
+
+
+def _line_blocks(handle, num_lines: int) -> Iterator[tuple[bytes, int, int]]:
+    """(text, lines, bytes of the file) for each run of `num_lines` lines of `handle` (fewer at the end).
+
+    A line ends at b"\\n", as iterating over a binary file splits it; a last line without one gets it added
+    (not counted in the file's bytes). Reads are sized by the line length seen so far, so a block is gathered
+    in a few reads, and the lines read past its end start the next one.
+    """
+    buffer = bytearray()
+    counted = 0  # newlines in buffer
+    bytes_per_line = 0.0
+    at_end = False
+    while True:
+        while counted < num_lines and not at_end:
+            wanted = _READ_BYTES if not bytes_per_line else int((num_lines - counted) * bytes_per_line * 1.02) + 4096
+            data = handle.read(max(wanted, 4096))
+            if not data:
+                at_end = True
+                break
+            counted += data.count(b"\n")
+            buffer += data
+            if counted:
+                bytes_per_line = len(buffer) / counted
+        if not buffer:
+            return
+        if at_end and counted <= num_lines:  # the rest of the file, its last line perhaps without a newline
+            cut, lines = len(buffer), counted
+        else:
+            cut = buffer.rfind(b"\n") + 1  # the end of the last whole line read
+            for _ in range(counted - num_lines):  # back to the end of the block's last line
+                cut = buffer.rfind(b"\n", 0, cut - 1) + 1
+            lines = num_lines
+        with memoryview(buffer) as view:  # one copy (a slice of the bytearray would be a second)
+            text = bytes(view[:cut])
+        del buffer[:cut]
+        counted -= lines
+        num_bytes = len(text)
+        if not text.endswith(b"\n"):  # the file's last line, without its newline
+            text += b"\n"
+            lines += 1
+        yield text, lines, num_bytes
+        if at_end and not buffer:
+            return

@@ -38,6 +38,9 @@ class JsonlReader:
                         return list(obj)
         return []
 
+    def use_types(self, types) -> None:
+        """Nothing to do: these values are typed, or parsed one by one, as they are read."""
+
     def chunks(self, needed: Sequence[str], chunk_rows: int) -> Iterator[RawChunk]:
         loads = json.loads
         with self._open() as handle:
@@ -71,4 +74,4 @@ class JsonlReader:
                 array = np.array(positions, dtype=np.int64)
                 yield RawChunk(uri=self.source.uri, unit="line", columns=columns, num_rows=len(positions),
                                 positions_fn=lambda array=array: array, structural=structural,
-                                num_bytes=stored_bytes(self.source.path, lines))
+                                num_bytes=stored_bytes(self.source.path, sum(map(len, lines))))

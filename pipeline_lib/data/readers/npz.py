@@ -43,6 +43,9 @@ class NpzReader:
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
         return stream, shape, fortran, dtype
 
+    def use_types(self, types) -> None:
+        """Nothing to do: these values are typed, or parsed one by one, as they are read."""
+
     def chunks(self, needed: Sequence[str], chunk_rows: int) -> Iterator[RawChunk]:
         check_columns(self.source.uri, self.names, needed)
         streams = {}

@@ -61,3 +61,23 @@ def test_encoder_rejects_mismatched_lengths_empty_vectors_and_nulls():
         encoding.encode_examples({"a": pa.array(["x", None])})
     with pytest.raises(TypeError, match="unsupported dtype"):
         encoding.encode_examples({"a": np.zeros(3, dtype="datetime64[s]")})
+
+
+def test_buffer_pool_hands_a_given_back_buffer_out_again_and_keeps_at_most_its_limit():
+    from pipeline_lib.data.encoding import BufferPool
+
+    pool = BufferPool(max_buffers=2)
+    first = pool.take(1000)
+    pool.give_back(first)
+    again = pool.take(600)  # the idle 1000-byte buffer fits: the same memory, cut to size
+    assert again.nbytes == 600 and np.shares_memory(again, first)
+    assert not np.shares_memory(pool.take(2000), first)  # too small for 2000: a new one
+    buffers = [pool.take(100) for _ in range(3)]
+    for buffer in buffers:
+        pool.give_back(buffer)
+    pool.give_back(buffers[0])  # given back twice: kept once
+    taken = [pool.take(100) for _ in range(3)]
+    assert sum(any(np.shares_memory(t, b) for b in buffers) for t in taken) == 2
+    pool.give_back(taken[0])
+    pool.clear()  # what convert() does at its end: no idle buffer outlives the conversion
+    assert not np.shares_memory(pool.take(100), taken[0])

@@ -56,7 +56,7 @@ def test_a_failed_shard_write_with_a_batch_queued_behind_it_publishes_nothing(tm
     lock = threading.Lock()
     real_write, real_submit = shard_writer.BackgroundWrites._write, shard_writer.BackgroundWrites.submit
 
-    def slow_write(parts):
+    def slow_write(parts, batch):
         with lock:
             state["writes"] += 1
             number = state["writes"]
@@ -66,7 +66,7 @@ def test_a_failed_shard_write_with_a_batch_queued_behind_it_publishes_nothing(tm
         if number == 6:
             state["failed"] = True
             raise OSError(28, "No space left on device")
-        real_write(parts)
+        real_write(parts, batch)
         if state["failed"]:
             events.append("queued write done")
 
