@@ -18,6 +18,9 @@ from pipeline_lib.data.manifest import Schema
 from pipeline_lib.training.input_pipeline import NUMERIC_KEY, numeric_columns
 
 EXAMPLE_ID_FEATURE = "example_id"
+# The feature holds id / EXAMPLE_ID_SCALE: exact in float32 (a power-of-two divisor) for every id below 2**24, and
+# on the pixels' scale, so a model that learns from the dataset is not thrown by a feature in the thousands.
+EXAMPLE_ID_SCALE = 2048.0
 
 
 def record_path(directory: str, worker: int, num_workers: int, start_step: int) -> str:
@@ -51,7 +54,7 @@ class ExampleIdRecorder:
 
         def write(index: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
             with open(path, "a") as handle:
-                handle.write(" ".join([str(int(index)), *(f"{value:.0f}" for value in ids.numpy())]) + "\n")
+                handle.write(" ".join([str(int(index)), *(f"{value * EXAMPLE_ID_SCALE:.0f}" for value in ids.numpy())]) + "\n")
             return index
 
         def record(index: tf.Tensor, batch):

@@ -38,9 +38,12 @@ def write_dataset_on_disk(root: str, **kwargs) -> Manifest:
 
 def write_digits_dataset(root: str, *, example_ids: bool = False) -> Manifest:
     """scikit-learn's bundled 8x8 digits (no download) as TFRecords: x = 64 pixels / 16, label 0..9; with
-    `example_ids`, also the float feature `example_id`: each row's index in its split's file."""
+    `example_ids`, also the float feature `example_id`: each row's index in its split's file, divided by
+    `EXAMPLE_ID_SCALE` (what the test-only recorder multiplies back)."""
     import tensorflow as tf
     from sklearn.datasets import load_digits
+
+    from pipeline_lib.testing.example_ids import EXAMPLE_ID_SCALE
 
     digits = load_digits()
     features = (digits.data / 16.0).astype(np.float32)
@@ -60,7 +63,7 @@ def write_digits_dataset(root: str, *, example_ids: bool = False) -> Manifest:
                     "target": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y)])),
                 }
                 if example_ids:
-                    feature["example_id"] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(index)]))
+                    feature["example_id"] = tf.train.Feature(float_list=tf.train.FloatList(value=[index / EXAMPLE_ID_SCALE]))
                 example = tf.train.Example(features=tf.train.Features(feature=feature))
                 writer.write(example.SerializeToString())
         with open(path, "rb") as handle:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 
 import psutil
@@ -69,11 +70,18 @@ class RayCluster:
     def add_node(self, label: str, resources: dict[str, float] | None = None) -> str:
         """Start one more worker node with `label` (and WORKER_NODE, and `resources`); returns its node id once it is
         alive."""
+        import ray
+
         from flows.stack import ray_cluster
 
         ray_cluster.add_node(self.record, label, resources)
-        nodes = ray_cluster.wait_for_nodes(self.record, len(self.node_of_label) + 1)
-        node_id = next(n["node_id"] for n in nodes if label in n["resources_total"])
+        # From the GCS (this process is a driver of the cluster), not the dashboard's state API, which stops
+        # answering for a while after a test kills a node's raylet.
+        deadline = time.monotonic() + 120
+        while not (node_id := next((n["NodeID"] for n in ray.nodes() if n.get("Alive")
+                                    and label in n.get("Resources", {})), None)):
+            assert time.monotonic() < deadline, f"the node {label} did not join within 120 s"
+            time.sleep(0.5)
         self.node_of_label[label] = node_id
         return node_id
 
