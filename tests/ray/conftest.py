@@ -10,6 +10,7 @@ the machine).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import tempfile
@@ -84,6 +85,23 @@ class RayCluster:
             time.sleep(0.5)
         self.node_of_label[label] = node_id
         return node_id
+
+    def remove_node(self, node_id: str, timeout_s: float = 90.0) -> None:
+        """Stop a node a test added, so no later test sees it: its raylet is asked to stop (SIGTERM), the test waits
+        until the GCS lists the node dead, then ends whatever of the node is left."""
+        import ray
+
+        raylet = psutil.Process(self.raylet_pid(node_id))
+        family = [raylet, *raylet.children(recursive=True)]
+        raylet.terminate()
+        deadline = time.monotonic() + timeout_s
+        while any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes()):
+            assert time.monotonic() < deadline, f"node {node_id} still alive {timeout_s:g} s after its raylet's SIGTERM"
+            time.sleep(0.5)
+        for proc in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        self.forget_node(node_id)
 
     def forget_node(self, node_id: str) -> None:
         """Drop a node a test killed: no label points at a dead node."""

@@ -33,8 +33,21 @@ DIGITS_MODEL = {"factory": "mlp", "params": {"hidden_units": [64]}}
 def test_a_lost_node_without_a_spare_continues_on_two_workers_and_a_new_node_is_taken_back(ray_cluster, tmp_path):
     # Three nodes only this test's tasks fit on (a resource of their own), none spare.
     group = f"elastic_{uuid.uuid4().hex[:8]}"
-    for i in range(3):
-        ray_cluster.add_node(f"{group}_{i}", {group: 1})
+    added = [ray_cluster.add_node(f"{group}_{i}", {group: 1}) for i in range(3)]
+    try:
+        _lose_a_node_and_take_one_back(ray_cluster, group, added, tmp_path)
+    finally:  # the cluster as found: no node of this test left for the next ones to count
+        import ray
+
+        for node in added:
+            if node in ray_cluster.node_of_label.values():
+                ray_cluster.remove_node(node)
+        deadline = time.monotonic() + 90  # and the node whose raylet was killed listed dead by the GCS
+        while any(n.get("Alive") and n["NodeID"] in added for n in ray.nodes()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+
+def _lose_a_node_and_take_one_back(ray_cluster, group: str, added: list[str], tmp_path) -> None:
     manifest = write_digits_dataset(str(tmp_path / "digits"), example_ids=True)
     ray = {"address": ray_cluster.address, "node_ip_address": RAY_IP, "resources_per_worker": {"CPU": 1, group: 1},
            "placement_timeout_s": 90}
@@ -66,7 +79,7 @@ def test_a_lost_node_without_a_spare_continues_on_two_workers_and_a_new_node_is_
     while not resized:  # the group resumed on the 2 nodes left
         assert time.monotonic() < deadline and thread.is_alive(), outcome
         time.sleep(0.5)
-    ray_cluster.add_node(f"{group}_3", {group: 1})  # capacity returns
+    added.append(ray_cluster.add_node(f"{group}_3", {group: 1}))  # capacity returns
     thread.join(timeout=max(deadline - time.monotonic(), 1))
     assert not thread.is_alive(), "the launch did not end within 600 s"
     if "error" in outcome:
