@@ -16,6 +16,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import psutil
 import pytest
@@ -38,6 +39,12 @@ def _require_ray() -> None:
         pytest.skip(missing)
 
 
+class Actor(NamedTuple):
+    actor_id: str
+    name: str
+    node_id: str
+
+
 @dataclasses.dataclass
 class RayCluster:
     """The running test cluster: its record, and which node carries which label."""
@@ -56,17 +63,22 @@ class RayCluster:
     def label_of_node(self, node_id: str) -> str:
         return next(label for label, node in self.node_of_label.items() if node == node_id)
 
-    def alive_actors(self, name_prefix: str = "tfdag-") -> list:
-        from ray.util.state import list_actors
+    # The actors and placement groups are read from the GCS (this process is a driver of the cluster), not from the
+    # dashboard's state API: that API stops answering, or answers stale, for a while after a test kills a node's
+    # raylet, so a test reading it then would see no actor of a restart that did happen.
+    def alive_actors(self, name_prefix: str = "tfdag-") -> list[Actor]:
+        from ray._private import state
 
-        return [a for a in list_actors(address=self.dashboard_url, filters=[("state", "=", "ALIVE")], limit=1000)
-                if (a.name or "").startswith(name_prefix)]
+        return [Actor(actor_id, info["Name"], info["Address"]["NodeID"])
+                for actor_id, info in state.actors(actor_state_name="ALIVE").items()
+                if info["Name"].startswith(name_prefix)]
 
-    def live_placement_groups(self, name_prefix: str = "tfdag-") -> list:
-        from ray.util.state import list_placement_groups
+    def live_placement_groups(self, name_prefix: str = "tfdag-") -> list[str]:
+        """The names of the placement groups not removed."""
+        from ray.util import placement_group_table
 
-        return [p for p in list_placement_groups(address=self.dashboard_url, limit=1000)
-                if p.name.startswith(name_prefix) and p.state != "REMOVED"]
+        return [p["name"] for p in placement_group_table().values()
+                if p["name"].startswith(name_prefix) and p["state"] != "REMOVED"]
 
     def add_node(self, label: str, resources: dict[str, float] | None = None) -> str:
         """Start one more worker node with `label` (and WORKER_NODE, and `resources`); returns its node id once it is

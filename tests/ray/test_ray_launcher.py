@@ -313,8 +313,8 @@ def test_sigkill_of_the_raylet_hosting_worker_1_restarts_on_the_survivor_and_a_s
         time.sleep(0.5)
     os.kill(ray_cluster.raylet_pid(lost), signal.SIGKILL)
     ray_cluster.forget_node(lost)
-    hosts_after: set[str] = set()  # the nodes of the restarted group's actors (the state API lists the lost ones a
-    while thread.is_alive():       # while longer as alive: only actors started after the kill count)
+    hosts_after: set[str] = set()  # the nodes of the restarted group's actors (the GCS lists the lost ones as alive
+    while thread.is_alive():       # until it sees their node dead: only actors started after the kill count)
         assert time.monotonic() < deadline + 400, "the flow did not end within 800 s"
         started = {a.actor_id for a in first_attempt}
         hosts_after |= {a.node_id for a in ray_cluster.alive_actors() if a.actor_id not in started}
