@@ -149,8 +149,8 @@ XDIST_GROUP_OF_FIXTURE = {
     "ray_cluster": "ray",  # one Ray cluster on 127.0.0.2 (tests/ray/conftest.py)
     "retrain_scenario": "retrain",  # the retrain deployment's first run (tests/flows/conftest.py)
     "digits_run": "digits_run",  # the shared blessed digits run (tests/flows/conftest.py)
-    "sliced_run": "sliced_run",  # the regions run of tests/flows/test_evaluation_record.py (module-scoped)
-    "tune_study": "tune_study",  # the 10-trial study of tests/flows/test_tune_flow.py (module-scoped)
+    "sliced_run": "sliced_run",  # the regions run of tests/flows/test_evaluation_record.py
+    "tune_study": "tune_study",  # the 10-trial study of tests/flows/test_tune_flow.py
 }
 # TFDAG_TEST_ORDER=reverse, or random:SEED, runs the tests in another order: the suite must pass in any order (no
 # test may depend on what an earlier one left in a shared fixture). Every xdist process collects the same order.
@@ -172,12 +172,23 @@ def _xdist_groups(item) -> set[str]:
     return groups
 
 
+def _uses_its_modules_fixture(item) -> bool:
+    """Whether the test uses a module-scoped fixture of its own module (a training run, a trained model): the module's
+    tests then go to one process as one unit, so the fixture is made once, not once in each process. (A conftest's
+    module-scoped fixture, such as tests/pipeline_lib/launch's small dataset, does not group the fault matrix.)"""
+    module = item.nodeid.split("::", 1)[0]
+    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(defs and defs[-1].scope == "module" and defs[-1].baseid == module for defs in definitions.values())
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         groups = _xdist_groups(item)
         if len(groups) > 1:
             raise pytest.UsageError(f"{item.nodeid} uses fixtures of the xdist groups {sorted(groups)}: one test "
                                     "process cannot hold both; give the fixtures one group in XDIST_GROUP_OF_FIXTURE")
+        if not groups and _uses_its_modules_fixture(item):
+            groups = {os.path.relpath(str(item.path), _TESTS_DIR)}
         if groups and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(groups.pop()))
     order = os.environ.get(ORDER_ENV, "")

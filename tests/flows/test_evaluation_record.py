@@ -60,7 +60,7 @@ class SlicedRun:
     mlflow_url: str
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: torn down once, whatever runs between its tests (its group keeps them in one process)
 def sliced_run(tfdag_stack, prefect_api, tmp_path_factory) -> SlicedRun:
     """One pipeline run on the regions data, tracked on the session's MLflow server and registered although not
     blessed (`tracking.register: always`), so that the UI has a run and a model version to show."""

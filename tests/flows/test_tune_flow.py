@@ -66,7 +66,7 @@ class Study:
     summary: dict
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: torn down once, whatever runs between its tests (its group keeps them in one process)
 def tune_study(tmp_path_factory, tfdag_stack) -> Study:
     """`tfdag tune --json` once: 10 trials, 2 at a time, the median pruner after 2 complete trials."""
     root = tmp_path_factory.mktemp("tune")
