@@ -1,6 +1,7 @@
 """Conversion from Parquet, .npz and CSV vs the O_DIRECT write of the same shard bytes, gzip vs none, and peak memory.
 
-Run alone with `python -m bench.bench_conversion [--rows N --width W]`, or through `make bench`.
+Run alone with `python -m bench.bench_conversion [--rows N --width W]`, or through `make bench`. Where the time of
+one conversion goes, phase by phase: `python -m bench.profile_conversion`.
 """
 
 from __future__ import annotations
@@ -267,29 +268,29 @@ def run(rows: int = 2_000_000, width: int = 32, quick: bool = False, repeats: in
         print(f"  gzip shards {size['csv_gzip'] / 1e6:.1f} MB vs {size['csv'] / 1e6:.1f} MB uncompressed")
 
         direct = "O_DIRECT write of the same shard bytes"
-        disk_bound = ("CPU on a small machine (decode, hash, encode, sha256) against the disk's direct write rate "
-                      "of the same bytes")
+        disk_bound = ("CPU on a small machine (decode, split hash, statistics, encode, digest) against the disk's "
+                      "direct write rate of the same bytes")
         cases = [
             case("conversion from Parquet vs O_DIRECT write of its shards (MB/s)", mb_s("parquet", "parquet"),
                  mb_s("direct_parquet", "parquet"), 0.6, unit="MB/s", baseline_name=direct,
-                 bound="Parquet's fixed-size-list decoding and the shards' sha256 on the CPU; the disk's direct "
-                       "write rate is the ceiling."),
+                 bound="Parquet's fixed-size-list decoding, encoding and the shards' digest on the CPU; the disk's "
+                       "direct write rate is the ceiling."),
             case("conversion from .npz vs O_DIRECT write of its shards (MB/s)", mb_s("npz", "parquet"),
                  mb_s("direct_parquet", "parquet"), 0.6, unit="MB/s", baseline_name=direct,
-                 bound="the .npz member's zip CRC-32 and the shards' sha256 on the CPU; the disk's direct write "
-                       "rate is the ceiling."),
+                 bound="the .npz member's zip CRC-32, encoding and the shards' digest on the CPU; the disk's direct "
+                       "write rate is the ceiling."),
             case("conversion from wide Parquet vs O_DIRECT write of its shards (MB/s)", mb_s("wide", "wide"),
                  mb_s("direct_wide", "wide"), 0.6, unit="MB/s", baseline_name=direct, bound=disk_bound + "."),
             case("conversion from CSV vs pyarrow.csv.read_csv alone (rows/s)",
                  [csv_rows / t for t in samples["csv"]], [csv_rows / t for t in samples["read_csv"]], 0.7,
                  unit="rows/s", baseline_name="pyarrow.csv.read_csv of the file",
                  bound="Arrow's parse on both cores, the same as the baseline's, then what the baseline does not do: "
-                       "encoding, the shards' sha256 and their writes, on the same two cores."),
+                       "encoding, the shards' digest and their writes, on the same two cores."),
             case("conversion from gzip CSV vs pyarrow.csv.read_csv of the .csv.gz (rows/s)",
                  [csv_rows / t for t in samples["csv_gz"]], [csv_rows / t for t in samples["read_csv_gz"]], 0.7,
                  unit="rows/s", baseline_name="pyarrow.csv.read_csv of the .csv.gz file",
                  bound="zlib's inflate, one stream on one core on both sides, beside the parse and, in conversion, "
-                       "encoding, sha256 and writes."),
+                       "encoding, the digest and writes."),
             case("conversion from CSV vs O_DIRECT write of its shards (MB/s)", mb_s("csv", "csv"),
                  mb_s("direct_csv", "csv"), 0.5, unit="MB/s", baseline_name=direct,
                  bound="CSV parsing on the CPU; the disk is far from the limit."),

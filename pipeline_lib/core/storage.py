@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import posixpath
@@ -13,6 +12,7 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
+from pipeline_lib.core import digests
 from pipeline_lib.core.errors import TfdagError, TransientError, UserError, is_transient
 from pipeline_lib.core.object_stores import (
     bucket_of,
@@ -120,19 +120,11 @@ def unstrip(fs: fsspec.AbstractFileSystem, path: str, like_uri: str) -> str:
 
 def sha256_file(fs: fsspec.AbstractFileSystem, path: str) -> str:
     """Stream a file through sha256 without holding it in memory."""
-    digest = hashlib.sha256()
-    with fs.open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(CHUNK_BYTES), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return digests.file_digest(fs, path, digests.DigestAlgorithm.SHA256)
 
 
 def sha256_local(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(CHUNK_BYTES), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return digests.local_file_digest(path, digests.DigestAlgorithm.SHA256)
 
 
 def fsync_dir(path: str) -> None:

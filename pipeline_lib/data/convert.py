@@ -100,7 +100,7 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
             manifest is reused).
 
     Returns:
-        The manifest: shards with records, bytes and sha256, the schema and the source fingerprint.
+        The manifest: shards with records, bytes and digest (BLAKE3), the schema and the source fingerprint.
 
     Raises:
         ConversionError: when the source matches no files, a column is unknown, a type cannot be inferred, or

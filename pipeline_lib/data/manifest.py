@@ -6,9 +6,10 @@ import enum
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from pipeline_lib.core import storage
+from pipeline_lib.core.digests import DigestAlgorithm
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_NAME = "schema.json"
@@ -59,7 +60,9 @@ class ShardInfo(_Frozen):
     path: str  # relative to the dataset directory, e.g. train/part-00000-of-00004.tfrecord
     num_records: int
     num_bytes: int
-    sha256: str
+    # The shard file's hex digest, of the manifest's `shard_digest` algorithm. Manifests written before the
+    # algorithm was recorded call it "sha256" (and are sha256): they still load.
+    digest: str = Field(validation_alias=AliasChoices("digest", "sha256"))
 
 
 class FieldLayout(_Frozen):
@@ -94,6 +97,8 @@ class Manifest(_Frozen):
     created_at: str = ""
     record_layout: RecordLayout | None = None
     statistics_sha256: str | None = None  # of statistics.json beside this manifest (None: converted without one)
+    # The algorithm of every shard's `digest`; absent in manifests written before BLAKE3, which are sha256.
+    shard_digest: DigestAlgorithm = DigestAlgorithm.SHA256
 
     def shards_for(self, split: str) -> tuple[ShardInfo, ...]:
         return tuple(s for s in self.shards if s.split == split)
@@ -105,11 +110,11 @@ class Manifest(_Frozen):
         return storage.join(self.dataset_uri, shard.path)
 
     def content_hash(self) -> str:
-        """sha256 over the shard checksums and schema: what every worker must agree on."""
+        """sha256 over the shard digests and schema: what every worker must agree on."""
         import hashlib
 
         payload = json.dumps(
-            {"schema": self.feature_schema.model_dump(mode="json"), "shards": [s.sha256 for s in self.shards]},
+            {"schema": self.feature_schema.model_dump(mode="json"), "shards": [s.digest for s in self.shards]},
             sort_keys=True,
         ).encode()
         return hashlib.sha256(payload).hexdigest()

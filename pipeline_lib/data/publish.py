@@ -29,6 +29,7 @@ from pipeline_lib.data.statistics import (
     DatasetStatistics,
     statistics_bytes,
 )
+from pipeline_lib.data.tfrecord_writer import SHARD_DIGEST
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def _write_shard_set(out_fs, dataset_path: str, dataset_uri: str, staged: list[S
                 out_fs.makedirs(posixpath.dirname(target), exist_ok=True)
                 out_fs.put_file(shard.local_path, target)
             infos.append(ShardInfo(split=split, path=relative, num_records=shard.num_records,
-                                   num_bytes=shard.num_bytes, sha256=shard.sha256))
+                                   num_bytes=shard.num_bytes, digest=shard.digest))
     if local_out:  # the renames reach the disk before the manifest names them (the dataset directory itself is
         # fsynced by write_bytes_atomic with schema.json, next), and so do the entries of the new dataset
         # directory in data/ and of data/ in the output root
@@ -124,6 +125,7 @@ def _write_shard_set(out_fs, dataset_path: str, dataset_uri: str, staged: list[S
         created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         record_layout=record_layout,
         statistics_sha256=statistics_sha256,
+        shard_digest=SHARD_DIGEST,
     )
     storage.write_bytes_atomic(out_fs, join(dataset_path, MANIFEST_NAME), manifest.to_json().encode())
     return manifest

@@ -30,7 +30,7 @@ class StagedShard:
     local_path: str
     num_records: int
     num_bytes: int
-    sha256: str
+    digest: str  # tfrecord_writer.SHARD_DIGEST
 
 
 class RollingShards:
@@ -104,7 +104,7 @@ class RollingShards:
 
 
 class BackgroundWrites:
-    """Shard writes (file I/O, gzip and sha256 all release the GIL) on one thread, up to _WRITES_IN_FLIGHT batches.
+    """Shard writes (file I/O, gzip and the digest all release the GIL) on one thread, up to _WRITES_IN_FLIGHT batches.
 
     One thread keeps the records in order. A second batch queued behind the one being written lets encoding
     run on while a write waits on the device; waiting for the oldest once the queue is full bounds memory.
@@ -114,7 +114,7 @@ class BackgroundWrites:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-write")
         # Closing a full shard (its fsync waits on the disk) runs here, beside the writes of the next one.
         self.closer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-close")
-        # The sha256 of each written block runs here while the write thread copies the block to its file.
+        # The digest of each written block runs here while the write thread copies the block to its file.
         self.hasher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-hash")
         # gzip shards: their blocks are deflated here, on every core.
         self.compressor = concurrent.futures.ThreadPoolExecutor(max_workers=_GZIP_THREADS,

@@ -2,7 +2,7 @@
 
 The run's artifacts (`tracking.reproducibility`) give the resolved config, the manifest and shard plan, the
 record (strategy, workers, seeds, the exported checkpoint's step), the exported weights and `pip freeze`. The
-rerun trains on the recorded TFRecords when every shard's sha256 still matches; otherwise it converts the
+rerun trains on the recorded TFRecords when every shard's digest still matches; otherwise it converts the
 recorded source again into its own directory and requires the recorded fingerprint and manifest hash.
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 import yaml
 
 from pipeline_lib.config import ConfigError, PipelineConfig, Strategy, parse_config
-from pipeline_lib.core import runs, storage
+from pipeline_lib.core import digests, runs, storage
 from pipeline_lib.core.errors import UserError
 from pipeline_lib.core.secrets import is_masked
 from pipeline_lib.data.convert import convert
@@ -163,20 +163,21 @@ def load_recorded_run(run_id: str, tracking_uri: str) -> RecordedRun:
 
 
 def _shard_problems(manifest: Manifest, storage_options: dict[str, Any]) -> list[str]:
-    """Every shard of `manifest` that is missing or whose sha256 is not the recorded one."""
+    """Every shard of `manifest` that is missing or whose digest is not the recorded one."""
     problems = []
     for shard in manifest.shards:
         uri = manifest.shard_uri(shard)
         try:
             fs, path = storage.get_fs(uri, storage_options)
-            digest = storage.sha256_file(fs, path) if fs.exists(path) else None
+            digest = digests.file_digest(fs, path, manifest.shard_digest) if fs.exists(path) else None
         except Exception as error:  # noqa: BLE001 - any storage error means the shard cannot be used
             problems.append(f"{uri} cannot be read ({error})")
             continue
         if digest is None:
             problems.append(f"{uri} is missing")
-        elif digest != shard.sha256:
-            problems.append(f"{uri} has sha256 {digest[:12]}…, the run recorded {shard.sha256[:12]}…")
+        elif digest != shard.digest:
+            problems.append(f"{uri} has {manifest.shard_digest.value} {digest[:12]}…, the run recorded "
+                            f"{shard.digest[:12]}…")
     return problems
 
 

@@ -47,7 +47,7 @@ class ReproductionRecord(BaseModel):
     shuffle: bool
     jit_compile: bool
     data_fingerprint: str
-    manifest_hash: str  # Manifest.content_hash(): the shards' sha256 and the schema
+    manifest_hash: str  # Manifest.content_hash(): the shards' digests and the schema
     dataset_uri: str
     export_step: int  # the checkpoint the exported model (and weights.npz) came from
     export_selected_by: str

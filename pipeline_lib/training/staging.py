@@ -2,7 +2,7 @@
 
 TensorFlow's own file system no longer reads `s3://` (or `gs://`, `az://`, `memory://`), and every worker
 downloading every shard wastes the network, so before training each worker copies only its files to a
-local cache through fsspec, checks each against the manifest's sha256, and hands tf.data a manifest whose
+local cache through fsspec, checks each against the manifest's digest (sha256 or BLAKE3, as it names), and hands tf.data a manifest whose
 `dataset_uri` is that local directory. A file already in the cache is reused once it verifies. A local
 dataset needs no staging: its files are read in place.
 """
@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from pipeline_lib.cluster.info import ClusterInfo
-from pipeline_lib.core import retry, storage
+from pipeline_lib.core import digests, retry, storage
 from pipeline_lib.core.download import ChecksumMismatch, download_verified
 from pipeline_lib.core.paths import default_cache_dir
 from pipeline_lib.data.manifest import Manifest, ShardInfo
@@ -55,7 +55,7 @@ def needs_staging(manifest: Manifest) -> bool:
 def dataset_cache_dir(manifest: Manifest, cache_dir: str | None = None) -> str:
     """The local directory a dataset's shards are staged to: `<cache>/datasets/<fingerprint>-<content>`.
 
-    Keyed by the content hash (schema and every shard's sha256), so two datasets never share a file by name
+    Keyed by the content hash (schema and every shard's digest), so two datasets never share a file by name
     alone and a reconverted dataset gets a fresh directory.
     """
     root = cache_dir or default_cache_dir()
@@ -102,21 +102,23 @@ def _file_lock(path: str) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _is_verified(path: str, shard: ShardInfo) -> bool:
+def _is_verified(path: str, shard: ShardInfo, algorithm: digests.DigestAlgorithm) -> bool:
     try:
         if os.path.getsize(path) != shard.num_bytes:
             return False
     except OSError:
         return False
-    return storage.sha256_local(path) == shard.sha256
+    return digests.local_file_digest(path, algorithm) == shard.digest
 
 
-def _fetch_shard(fs, remote_path: str, local_path: str, shard: ShardInfo, uri: str, retries: int) -> int:
+def _fetch_shard(fs, remote_path: str, local_path: str, shard: ShardInfo, algorithm: digests.DigestAlgorithm,
+                 uri: str, retries: int) -> int:
     """Download one shard, verified, under the storage retry policy (a missing, refused or mismatching shard is
     permanent)."""
     try:
-        return retry.STORAGE_RETRY.call(lambda: download_verified(fs, remote_path, local_path, shard.sha256),
-                                        f"staging {uri}", retries=retries)
+        return retry.STORAGE_RETRY.call(
+            lambda: download_verified(fs, remote_path, local_path, shard.digest, algorithm), f"staging {uri}",
+            retries=retries)
     except FileNotFoundError as error:
         raise StagingError(
             f"shard {uri} listed in the manifest of the dataset does not exist; the dataset is incomplete "
@@ -129,8 +131,8 @@ def _fetch_shard(fs, remote_path: str, local_path: str, shard: ShardInfo, uri: s
         ) from error
     except ChecksumMismatch as error:
         raise StagingError(
-            f"shard {uri} has sha256 {error.digest[:12]}… ({error.num_bytes} bytes) but its manifest records "
-            f"{shard.sha256[:12]}… ({shard.num_bytes} bytes); the dataset changed after conversion: convert "
+            f"shard {uri} has {error.algorithm} {error.digest[:12]}… ({error.num_bytes} bytes) but its manifest "
+            f"records {shard.digest[:12]}… ({shard.num_bytes} bytes); the dataset changed after conversion: convert "
             "the data again (a new output_root/data/<fingerprint>) rather than editing shards in place"
         ) from error
     except Exception as error:
@@ -142,11 +144,11 @@ def _fetch_shard(fs, remote_path: str, local_path: str, shard: ShardInfo, uri: s
 
 def stage_files(manifest: Manifest, files: Iterable[str], *, cache_dir: str | None = None,
                 storage_options: dict[str, Any] | None = None, retries: int = retry.DEFAULT_RETRIES) -> StageReport:
-    """Copy the given shards of a dataset to the local cache, verified against the manifest's sha256.
+    """Copy the given shards of a dataset to the local cache, verified against the manifest's shard digests.
 
     Each file is streamed in chunks (never held in memory) to a temporary file and renamed into place only
     once its checksum matches, so the cache never holds a partial or wrong shard under its real name. A file
-    already cached is reused when its size and sha256 match. Transient storage errors are retried with
+    already cached is reused when its size and digest match. Transient storage errors are retried with
     exponential backoff (`core.retry`); a checksum mismatch is reported at once.
 
     Args:
@@ -179,11 +181,11 @@ def stage_files(manifest: Manifest, files: Iterable[str], *, cache_dir: str | No
         os.makedirs(os.path.dirname(local_path), exist_ok=True)
         uri = storage.join(manifest.dataset_uri, relative)
         with _file_lock(local_path):
-            if _is_verified(local_path, shard):
+            if _is_verified(local_path, shard, manifest.shard_digest):
                 reused.append(relative)
                 continue
             remote_path = f"{root.rstrip('/')}/{relative}"
-            num_bytes += _fetch_shard(fs, remote_path, local_path, shard, uri, retries)
+            num_bytes += _fetch_shard(fs, remote_path, local_path, shard, manifest.shard_digest, uri, retries)
             downloaded.append(relative)
     _stage_statistics(manifest, fs, root, local_dir)
     elapsed = time.perf_counter() - started

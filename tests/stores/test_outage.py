@@ -1,7 +1,7 @@
 """A storage outage during conversion, on every object store: the server stops while the shards are uploaded and
 comes back; the upload is retried (by the store's client or by the stage's task retries) and the result is whole.
 
-The final dataset must be exactly the manifest's shard set, each matching its sha256, and at no moment may a
+The final dataset must be exactly the manifest's shard set, each matching its digest, and at no moment may a
 manifest describe a partial shard set.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from fsspec.asyn import sync_wrapper
 
 from pipeline_lib.config import parse_config
-from pipeline_lib.core import storage
+from pipeline_lib.core import digests, storage
 from pipeline_lib.core.errors import is_transient
 from pipeline_lib.data import demo as demo_data
 from pipeline_lib.data.convert import convert
@@ -123,11 +123,12 @@ def test_conversion_retries_through_an_outage_and_publishes_a_complete_set(store
         assert len(attempts) >= 2 and failures
         assert attempts[-1] > outage.stopped_at
 
-    # The final dataset is exactly the manifest's shard set, every shard matching its sha256.
+    # The final dataset is exactly the manifest's shard set, every shard matching its digest.
     assert load_manifest(manifest.dataset_uri) == manifest
     keys = set(store.keys(prefix))
     shard_keys = {k for k in keys if ".tfrecord" in k}
     assert shard_keys == {f"{prefix}/{s.path}" for s in manifest.shards}
     for shard in manifest.shards:
-        assert storage.sha256_file(store.fs, f"{store.bucket}/{prefix}/{shard.path}") == shard.sha256
+        assert digests.file_digest(store.fs, f"{store.bucket}/{prefix}/{shard.path}",
+                                   manifest.shard_digest) == shard.digest
     assert manifest.num_records("train") + manifest.num_records("eval") == 1797

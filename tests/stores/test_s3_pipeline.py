@@ -13,7 +13,7 @@ import pytest
 
 from pipeline_lib.checkpoints import manifests, run_storage
 from pipeline_lib.config import parse_config
-from pipeline_lib.core import storage
+from pipeline_lib.core import digests
 from pipeline_lib.data.convert import convert
 from pipeline_lib.data.manifest import load_manifest
 from pipeline_lib.training import staging
@@ -168,7 +168,7 @@ def test_conversion_writes_shards_and_manifest_to_s3(s3, tmp_path):
     for shard in manifest.shards:
         key = f"{prefix}/{shard.path}"
         assert key in keys
-        assert storage.sha256_file(s3.fs, f"{BUCKET}/{key}") == shard.sha256
+        assert digests.file_digest(s3.fs, f"{BUCKET}/{key}", manifest.shard_digest) == shard.digest
     assert manifest.num_records("train") + manifest.num_records("eval") == 400
 
 

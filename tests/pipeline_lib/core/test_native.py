@@ -175,8 +175,8 @@ def test_conversion_writes_identical_shards_with_and_without_the_extension(built
     fast = convert(data, str(tmp_path / "native"))
     _pure_python(monkeypatch)
     slow = convert(data, str(tmp_path / "python"))
-    assert [(s.path, s.num_records, s.sha256) for s in fast.shards] == [
-        (s.path, s.num_records, s.sha256) for s in slow.shards
+    assert [(s.path, s.num_records, s.digest) for s in fast.shards] == [
+        (s.path, s.num_records, s.digest) for s in slow.shards
     ]
     assert len(fast.shards) > 2
 

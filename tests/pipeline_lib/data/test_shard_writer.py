@@ -7,7 +7,7 @@ import os
 import pytest
 
 from pipeline_lib.config import DataConfig
-from pipeline_lib.core import storage
+from pipeline_lib.core import digests
 from pipeline_lib.data import shard_writer
 from pipeline_lib.data.convert import convert
 from pipeline_lib.data.errors import ConversionError
@@ -32,7 +32,7 @@ def test_shards_roll_over_at_target_size_and_glob_of_several_files(tmp_path):
         assert target <= shard.num_bytes < target + 200  # rolled after the record that reached the target
     root = tmp_path / "out" / "data" / manifest.fingerprint
     for shard in manifest.shards:
-        assert storage.sha256_local(str(root / shard.path)) == shard.sha256
+        assert digests.local_file_digest(str(root / shard.path), manifest.shard_digest) == shard.digest
         assert os.path.getsize(root / shard.path) == shard.num_bytes
     assert sorted(read_all(manifest)["id"].tolist()) == list(range(3000))
 

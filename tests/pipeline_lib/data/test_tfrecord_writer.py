@@ -1,14 +1,16 @@
-"""TFRecordFileWriter: sha256 beside the write, deterministic gzip, durable files written direct."""
+"""TFRecordFileWriter: the digest beside the write, deterministic gzip, durable files written direct."""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
 
+import blake3
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from pipeline_lib.core.digests import DigestAlgorithm
 from pipeline_lib.data import direct_io, framing, tfrecord_writer
 from tests.pipeline_lib.data.encoding_support import (
     DESCRIPTION,
@@ -20,8 +22,14 @@ from tests.pipeline_lib.data.encoding_support import (
 _BLOCK = direct_io._DIRECT_BLOCK
 
 
+# Each algorithm a manifest can name, with its reference implementation (not the dispatch under test).
+_REFERENCE = {DigestAlgorithm.SHA256: lambda b: hashlib.sha256(b).hexdigest(),
+              DigestAlgorithm.BLAKE3: lambda b: blake3.blake3(b).hexdigest()}
+
+
+@pytest.mark.parametrize("algorithm", list(DigestAlgorithm))
 @pytest.mark.parametrize("compression", ["none", "gzip"])
-def test_hashing_beside_the_write_gives_the_sha256_of_the_file(tmp_path, compression):
+def test_hashing_beside_the_write_gives_the_digest_of_the_file(tmp_path, compression, algorithm):
     """Blocks over _LARGE_WRITE_BYTES are hashed on the hasher thread while the file write runs."""
     import concurrent.futures
 
@@ -30,14 +38,15 @@ def test_hashing_beside_the_write_gives_the_sha256_of_the_file(tmp_path, compres
     assert framed.num_bytes() > 2 * tfrecord_writer._LARGE_WRITE_BYTES
     path = tmp_path / "hashed.tfrecord"
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as hasher:
-        writer = tfrecord_writer.TFRecordFileWriter(str(path), compression, durable=True, hasher=hasher)
+        writer = tfrecord_writer.TFRecordFileWriter(str(path), compression, durable=True, hasher=hasher,
+                                                    digest=algorithm)
         writer.write(framed, 0, 10)  # a small write: hashed inline
         writer.write(framed, 10, 30_000)  # large: hashed on the hasher thread
         writer.write(framed, 30_000)
         num_records, num_bytes, digest = writer.close()
     content = path.read_bytes()
     assert (num_records, num_bytes) == (40_000, len(content))
-    assert digest == hashlib.sha256(content).hexdigest()
+    assert digest == _REFERENCE[algorithm](content)
     raw = gzip.decompress(content) if compression == "gzip" else content
     assert raw == framed.view().tobytes()
 
@@ -58,7 +67,8 @@ def test_gzip_files_read_back_with_tf_and_are_deterministic(tmp_path):
 
 
 @needs_o_direct
-def test_durable_writer_writes_direct_and_its_sha256_matches_the_file(tmp_path):
+def test_durable_writer_writes_direct_and_its_digest_matches_the_file(tmp_path):
+    # The default digest is the one conversion records: BLAKE3.
 
     framed = framing.encode_tfrecords({"x": np.random.default_rng(8).normal(size=(70_000, 16)).astype(np.float32)})
     assert framed.num_bytes() > _BLOCK
@@ -70,7 +80,7 @@ def test_durable_writer_writes_direct_and_its_sha256_matches_the_file(tmp_path):
     num_records, num_bytes, digest = writer.close()
     content = path.read_bytes()
     assert content == framed.view().tobytes()
-    assert (num_records, num_bytes, digest) == (70_000, len(content), hashlib.sha256(content).hexdigest())
+    assert (num_records, num_bytes, digest) == (70_000, len(content), blake3.blake3(content).hexdigest())
     plain = tfrecord_writer.TFRecordFileWriter(str(tmp_path / "plain.tfrecord"), durable=True, direct=False)
     assert not isinstance(plain._file, direct_io.DirectFile)
     plain.write(framed)

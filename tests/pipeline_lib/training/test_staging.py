@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import uuid
 
+import blake3
 import fsspec
 import pytest
 
 from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.core import retry, storage
+from pipeline_lib.core.digests import DigestAlgorithm
 from pipeline_lib.planning.sharding import AutoShardPolicy
 from pipeline_lib.training import input_pipeline, staging
 from tests.conftest import make_plan, write_dataset
@@ -89,7 +91,7 @@ def test_a_corrupted_cached_file_is_downloaded_again(remote, tmp_path):
         handle.write(b"\xff\xff\xff")
     again = staging.stage_files(remote, [shard.path], cache_dir=cache)
     assert again.downloaded == (shard.path,)
-    assert storage.sha256_local(path) == shard.sha256
+    assert storage.sha256_local(path) == shard.digest  # write_dataset's manifests name no algorithm: sha256
 
 
 def test_a_remote_shard_that_does_not_match_the_manifest_is_refused(remote, tmp_path, monkeypatch):
@@ -158,3 +160,19 @@ def test_statistics_json_is_staged_with_the_shards(remote, tmp_path):
     with_statistics = remote.model_copy(update={"statistics_sha256": hashlib.sha256(payload).hexdigest()})
     staged = staging.stage_split(with_statistics, "eval", cache_dir=str(tmp_path / "cache"))
     assert load_statistics(staged).label == "label"  # read from the local copy, checked against the manifest
+
+
+def test_a_blake3_manifest_verifies_its_shards_and_names_blake3_on_a_mismatch(remote, tmp_path):
+    # What conversion writes now: BLAKE3 digests, named by the manifest (write_dataset's manifests are sha256).
+    fs, root = fsspec.filesystem("memory"), remote.dataset_uri.removeprefix("memory://")
+    shards = tuple(s.model_copy(update={"digest": blake3.blake3(fs.cat_file(f"{root}/{s.path}")).hexdigest()})
+                   for s in remote.shards)
+    manifest = remote.model_copy(update={"shards": shards, "shard_digest": DigestAlgorithm.BLAKE3})
+    files = [s.path for s in manifest.shards_for("train")]
+    cache = str(tmp_path / "cache")
+    assert sorted(staging.stage_files(manifest, files, cache_dir=cache).downloaded) == sorted(files)
+    assert sorted(staging.stage_files(manifest, files, cache_dir=cache).reused) == sorted(files)
+    # The sha256 the old manifest recorded is not accepted as a BLAKE3 digest: the algorithm really is used.
+    mixed = manifest.model_copy(update={"shards": remote.shards})
+    with pytest.raises(staging.StagingError, match="blake3"):
+        staging.stage_files(mixed, files[:1], cache_dir=str(tmp_path / "other"))

@@ -69,8 +69,8 @@ def _convert_both_ways(tmp_path, monkeypatch, caplog, **settings):
 def test_blocks_parsed_on_every_core_write_the_shards_and_name_the_bad_lines_of_the_line_by_line_parse(
         tmp_path, monkeypatch, caplog):
     (fast, fast_log), (lines, lines_log) = _convert_both_ways(tmp_path, monkeypatch, caplog)
-    assert [(s.path, s.num_records, s.sha256) for s in fast.shards] == \
-        [(s.path, s.num_records, s.sha256) for s in lines.shards]
+    assert [(s.path, s.num_records, s.digest) for s in fast.shards] == \
+        [(s.path, s.num_records, s.digest) for s in lines.shards]
     assert fast.num_bad_records == lines.num_bad_records == 5
     assert fast_log == lines_log
     text = "\n".join(fast_log)

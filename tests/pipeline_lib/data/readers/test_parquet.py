@@ -77,8 +77,8 @@ def test_parquet_row_groups_read_whole_ahead_or_batch_by_batch_give_the_same_sha
     assert calls == {"whole": whole, "batches": len(sizes) - whole}
     if whole_bytes == "mixed":
         assert 0 < whole < len(sizes)
-    assert [(s.split, s.num_records, s.sha256) for s in manifest.shards] == \
-        [(s.split, s.num_records, s.sha256) for s in reference.shards]
+    assert [(s.split, s.num_records, s.digest) for s in manifest.shards] == \
+        [(s.split, s.num_records, s.digest) for s in reference.shards]
     assert len(manifest.shards) > 2
     parsed = read_all(manifest)
     ids = parsed["v"][:, 0].astype(np.int64) // 3

@@ -1,0 +1,26 @@
+"""bench.profile_conversion: every phase of a small conversion is timed, and the wrapped functions are restored."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+
+from bench import profile_conversion
+from pipeline_lib.data import convert, tfrecord_writer
+
+
+def test_a_parquet_profile_times_every_phase_and_restores_the_library(capsys):
+    originals = (pq.ParquetFile.read_row_group, convert.encode_tfrecords, tfrecord_writer.new_digest)
+    times = profile_conversion.profile("wide", rows=3000, width=4)
+    called = {phase for phase, calls in times.calls.items() if calls}
+    assert {"read+decode (Parquet row groups)", "split hash", "statistics", "encode+frame+CRC32C", "digest",
+            "write: copy to aligned buffer + O_DIRECT write", "shard close (tail, fsync)"} <= called
+    assert all(times.cpu[phase] >= 0 and times.wall[phase] > 0 for phase in called)
+    assert (pq.ParquetFile.read_row_group, convert.encode_tfrecords, tfrecord_writer.new_digest) == originals
+    printed = capsys.readouterr().out
+    assert "conversion profile: wide, 3000 rows" in printed and "digest blake3" in printed
+    assert "digest alone: sha256" in printed and "digest alone: blake3" in printed
+
+
+def test_a_gzip_csv_profile_times_the_inflating_read_and_the_parse(capsys):
+    times = profile_conversion.profile("csv_gz", rows=2000, width=4)
+    assert times.calls["read (lines; inflate for .gz)"] and times.calls["parse (Arrow CSV: this thread; its pool in the rest)"]
