@@ -107,6 +107,13 @@ def plan_tasks(config: PipelineConfig, host: str = LOOPBACK, workers: int | None
             for i in range(workers)]
 
 
+def num_kept_tasks(config: PipelineConfig) -> int:
+    """The tasks of every attempt besides its training workers: under parameter_server the chief (the coordinator)
+    and the servers, which an elastic run keeps whatever its worker count; none otherwise."""
+    train = config.train
+    return 1 + train.parameter_servers if train.uses_parameter_server() else 0
+
+
 def plan_attempt(spec: WorkerSpec, config: PipelineConfig, workers: int | None = None) -> list[TaskSpec]:
     """The tasks of the next local attempt, with an empty heartbeat directory: a previous attempt's heartbeat
     would pass for this one's progress."""

@@ -190,3 +190,22 @@ def create_elastic_dataset_fn(manifest: Manifest, train_config: TrainConfig, att
         return batches
 
     return dataset_fn
+
+
+def create_elastic_coordinator_batches(manifest: Manifest, train_config: TrainConfig, attempt: ElasticAttempt,
+                                       total_steps: int, is_classification: bool,
+                                       input_batches: InputBatchesFn | None = None) -> tf.data.Dataset:
+    """The batches of an elastic parameter-server attempt, read by the coordinator: batch j is global step j's.
+
+    Under parameter_server the coordinator schedules each step on whichever worker is free, so per-worker datasets
+    would let the order of the steps decide which examples are trained. The coordinator reads the global order
+    (`elastic_records`, one reader) and ships each step's batch with the step instead: each example of each epoch
+    is trained once, and the checkpoint's position is exact, however many workers run the steps and whichever
+    runs which. The cost is that every batch passes through the coordinator (see the README).
+    """
+    records = elastic_records(manifest, train_config, epoch_records=attempt.epoch_records,
+                              start_record=attempt.start_records, global_batch=attempt.global_batch, num_workers=1,
+                              worker=0, num_steps=total_steps - attempt.start_step)
+    batches = input_pipeline.batches_from_records(records, manifest, attempt.global_batch, drop_remainder=True,
+                                                  is_classification=is_classification)
+    return input_batches(batches, 0, attempt.start_step) if input_batches is not None else batches

@@ -53,6 +53,19 @@ def test_attempt_keeps_the_global_batch_or_takes_the_nearest_and_rescales_the_ra
     assert "global batch 20 (the configured 21 does not split over 2 × 1" in shrunk.describe()
 
 
+def test_a_parameter_server_attempt_keeps_one_workers_batch_and_the_rate_on_any_worker_count(tiny_manifest):
+    # Each parameter-server step is one worker's batch, whichever worker runs it: 7 on 3 workers and on 2.
+    train = _train(parameter_servers=1)
+    plan = plan_for_train(tiny_manifest, train, 1)
+    for workers in (3, 2):
+        attempt = elastic.create_attempt(plan, train, workers, 1, parameter_server=True)
+        assert (attempt.global_batch, attempt.per_replica_batch, attempt.configured_global_batch) == (7, 7, 7)
+        assert (attempt.learning_rate, attempt.learning_rate_replicas) == (pytest.approx(0.01), 1)
+        assert attempt.epoch_records == 12 * 21  # the plan's epochs, as a synchronous run of train.workers cuts them
+        assert attempt.position_at(5).records == 5 * 7
+        assert f"elastic attempt on {workers} worker(s): global batch 7, 7 per replica" in attempt.describe()
+
+
 def test_attempt_refuses_a_worker_count_or_plan_it_cannot_run(tiny_manifest):
     train = _train()
     plan = plan_for_train(tiny_manifest, train, 1)
