@@ -274,14 +274,12 @@ class RayGroup:
 
     def capacity(self, wait_s: float) -> int:
         """Training workers the cluster's live nodes could hold (their total resources, as `check_cluster` counts:
-        one per fitting node under `spread`, as many bundles as fit under `pack`), not counting a node lost in this
-        run whose raylet does not answer, less the bundles of the tasks every attempt keeps (a parameter-server
-        run's chief and servers); waits up to `wait_s` for train.workers."""
-        wanted = self.config.train.workers
-        kept = num_kept_tasks(self.config)
-        deadline = time.monotonic() + wait_s
+        one per fitting node under `spread`, as many bundles as fit under `pack`; a node lost in this run whose raylet
+        does not answer and the bundles every attempt keeps, a ps run's chief and servers, left out); waits up to
+        `wait_s` for train.workers."""
+        wanted, deadline = self.config.train.workers, time.monotonic() + wait_s
         while True:
-            placeable = max(0, self._placeable() - kept)
+            placeable = max(0, self._placeable() - num_kept_tasks(self.config))
             if placeable >= wanted or time.monotonic() >= deadline:
                 return min(placeable, wanted)
             time.sleep(1.0)
