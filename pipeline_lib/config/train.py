@@ -167,7 +167,8 @@ class TrainConfig(_Frozen):
         return self
 
     def _check_elastic(self, minimum: int) -> None:
-        """`train.elastic` resizes a synchronous multi-worker group over one global order of the data."""
+        """`train.elastic` resizes a multi-worker group (synchronous, or parameter-server workers) over one global
+        order of the data."""
         where = f"train.elastic.min_workers ({minimum})"
         if self.workers < 2:
             raise ValueError(f"{where} with train.workers {self.workers}: one worker has nothing to shrink to; "
@@ -175,14 +176,9 @@ class TrainConfig(_Frozen):
         if minimum > self.workers:
             raise ValueError(f"{where} is more than train.workers ({self.workers}), the most an attempt runs on; "
                              f"set train.elastic.min_workers between 1 and {self.workers}")
-        if self.uses_parameter_server():
-            raise ValueError(
-                f"{where} with parameter-server training: its workers each read their own endless pass over the "
-                "data, asynchronously, so there is no epoch order to continue on fewer workers; use strategy "
-                "multi_worker_mirrored (or auto, parameter_servers: 0), or remove train.elastic")
-        if self.strategy not in (Strategy.AUTO, Strategy.MULTI_WORKER_MIRRORED):
+        if self.strategy not in (Strategy.AUTO, Strategy.MULTI_WORKER_MIRRORED, Strategy.PARAMETER_SERVER):
             raise ValueError(f"{where} with train.strategy '{self.strategy.value}', a one-worker strategy; use "
-                             "multi_worker_mirrored (or auto), or remove train.elastic")
+                             "multi_worker_mirrored, parameter_server (or auto), or remove train.elastic")
         if self.autoshard == AutoShard.FILE:
             raise ValueError(f"{where} with train.autoshard 'file': an elastic run has every worker read every file "
                              "(one global order, re-split on each resize); set train.autoshard: auto or data")

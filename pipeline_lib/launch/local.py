@@ -107,6 +107,13 @@ def plan_tasks(config: PipelineConfig, host: str = LOOPBACK, workers: int | None
             for i in range(workers)]
 
 
+def num_kept_tasks(config: PipelineConfig) -> int:
+    """The tasks of every attempt besides its training workers: under parameter_server the chief (the coordinator)
+    and the servers, which an elastic run keeps whatever its worker count; none otherwise."""
+    train = config.train
+    return 1 + train.parameter_servers if train.uses_parameter_server() else 0
+
+
 def plan_attempt(spec: WorkerSpec, config: PipelineConfig, workers: int | None = None) -> list[TaskSpec]:
     """The tasks of the next local attempt, with an empty heartbeat directory: a previous attempt's heartbeat
     would pass for this one's progress."""
@@ -243,28 +250,14 @@ def launch(
             return f"{placeable} of {train.workers} workers can be placed again" if placeable > workers else None
 
         supervisor.stop_check = more_placeable
-    told: set[int] = set()
+    told_restarts: set[int] = set()
     told_resizes: set[int] = set()
+    restart_told = (lambda record: on_restart(record.number, record.story)) if on_restart is not None else None
 
     def tell(resumed_step: int | None) -> None:
         """Complete the story of the latest restart and resize with where the group resumed, once each."""
-        if resizes and resizes[-1].number not in told_resizes:
-            resize = resizes[-1] = resizes[-1].model_copy(update={"step": resumed_step})
-            told_resizes.add(resize.number)
-            logger.warning("%s", resize.describe())
-            with supervisor.log_lock:
-                log_fn(f"[supervisor] {resize.describe()}")
-            if on_resize is not None:
-                on_resize(resize)
-        if not restarts or restarts[-1].number in told:
-            return
-        record = restarts[-1] = restarts[-1].model_copy(update={"resumed_step": resumed_step})
-        told.add(record.number)
-        logger.warning("%s", record.describe())
-        with supervisor.log_lock:
-            log_fn(f"[supervisor] {record.describe()}")
-        if on_restart is not None:
-            on_restart(record.number, record.story)
+        _tell_latest(resizes, told_resizes, {"step": resumed_step}, supervisor, log_fn, on_resize)
+        _tell_latest(restarts, told_restarts, {"resumed_step": resumed_step}, supervisor, log_fn, restart_told)
 
     attempt = 0
     try:
@@ -320,6 +313,21 @@ def launch(
                 time.sleep(delay)
     finally:
         supervisor.close()
+
+
+def _tell_latest(records: list, told: set[int], update: dict, supervisor: AttemptSupervisor,
+                 log_fn: Callable[[str], None], callback: Callable | None) -> None:
+    """Complete the latest of `records` (restarts or resizes) with `update` and tell it, once: a warning, a
+    `[supervisor]` line and `callback(record)`."""
+    if not records or records[-1].number in told:
+        return
+    record = records[-1] = records[-1].model_copy(update=update)
+    told.add(record.number)
+    logger.warning("%s", record.describe())
+    with supervisor.log_lock:
+        log_fn(f"[supervisor] {record.describe()}")
+    if callback is not None:
+        callback(record)
 
 
 def _resize(supervisor: AttemptSupervisor, resizes: list[ResizeRecord], workers: int, cause: str, wait_s: float,

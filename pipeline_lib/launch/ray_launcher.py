@@ -38,7 +38,7 @@ from pipeline_lib.core import storage
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.launch.errors import LaunchError, RayClusterError
 from pipeline_lib.launch.exits import describe_exit
-from pipeline_lib.launch.local import LaunchResult, launch, plan_tasks
+from pipeline_lib.launch.local import LaunchResult, launch, num_kept_tasks, plan_tasks
 from pipeline_lib.launch.processes import TAIL_LINES, TaskSpec
 from pipeline_lib.launch.protocol import DEFAULT_OPTIONS, LaunchOptions
 from pipeline_lib.launch.ray_task import TaskRunner
@@ -274,12 +274,12 @@ class RayGroup:
 
     def capacity(self, wait_s: float) -> int:
         """Training workers the cluster's live nodes could hold (their total resources, as `check_cluster` counts:
-        one per fitting node under `spread`, as many bundles as fit under `pack`), not counting a node lost in this
-        run whose raylet does not answer; waits up to `wait_s` for train.workers."""
-        wanted = self.config.train.workers
-        deadline = time.monotonic() + wait_s
+        one per fitting node under `spread`, as many bundles as fit under `pack`; a node lost in this run whose raylet
+        does not answer and the bundles every attempt keeps, a ps run's chief and servers, left out); waits up to
+        `wait_s` for train.workers."""
+        wanted, deadline = self.config.train.workers, time.monotonic() + wait_s
         while True:
-            placeable = self._placeable()
+            placeable = max(0, self._placeable() - num_kept_tasks(self.config))
             if placeable >= wanted or time.monotonic() >= deadline:
                 return min(placeable, wanted)
             time.sleep(1.0)
@@ -290,8 +290,8 @@ class RayGroup:
         nodes = [n for n in _alive_nodes() if n["NodeID"] not in self.lost_nodes or _raylet_answers(n)]
         if ray_config.placement == RayPlacement.SPREAD:
             return sum(all(n.get("Resources", {}).get(k, 0.0) >= v for k, v in bundle.items()) for n in nodes)
-        if not bundle:
-            return self.config.train.workers
+        if not bundle:  # bundles that ask for nothing always fit: every task of a full-size attempt
+            return self.config.train.workers + num_kept_tasks(self.config)
         return sum(min(int(n.get("Resources", {}).get(k, 0.0) // v) for k, v in bundle.items() if v > 0)
                    for n in nodes)
 

@@ -185,7 +185,9 @@ def _create_input_hooks(manifest: Manifest, cluster: ClusterInfo) -> InputHooks 
     # Test support is loaded only when a test asks for the record: production runs never import it.
     from pipeline_lib.testing.example_ids import ExampleIdRecorder
 
-    return ExampleIdRecorder(directory, manifest.feature_schema, cluster.num_workers)
+    # Under parameter_server the training workers are the `worker` job (the chief coordinates).
+    num_workers = len(cluster.cluster["worker"]) if cluster.has_ps else cluster.num_workers
+    return ExampleIdRecorder(directory, manifest.feature_schema, num_workers)
 
 
 def _start_metrics(spec: WorkerSpec, config: PipelineConfig, cluster: ClusterInfo,

@@ -6,7 +6,9 @@ its worker count K from the cluster it is given (TF_CONFIG). The global batch G 
 over the attempt's K × r replicas; otherwise the nearest global batch that does is used, a tie going to the smaller,
 and the learning rate follows it by `train.lr_scaling`. The data is one global order per epoch (`epochs.
 elastic_records`); the position in it is counted in records and kept in each checkpoint's manifest (`DataPosition`),
-so an attempt of any size continues where the last one stopped.
+so an attempt of any size continues where the last one stopped. Under parameter_server the coordinator reads that
+order itself and ships each step's batch with the step (`epochs.create_elastic_coordinator_batches`): step j trains
+batch j whichever worker runs it, so the same position holds on any number of workers.
 """
 
 from __future__ import annotations
@@ -76,9 +78,13 @@ def nearest_global_batch(configured: int, num_replicas: int) -> int:
     return below if configured - below <= above - configured else above
 
 
-def create_attempt(plan: ShardPlan, train_config: TrainConfig, num_workers: int, replicas_per_worker: int
-                   ) -> ElasticAttempt:
+def create_attempt(plan: ShardPlan, train_config: TrainConfig, num_workers: int, replicas_per_worker: int, *,
+                   parameter_server: bool = False) -> ElasticAttempt:
     """The sizes of an attempt on `num_workers` workers (from the cluster) with `replicas_per_worker` each.
+
+    Under parameter_server (`parameter_server`) a step is one worker's batch, whichever worker runs it: the step's
+    batch (`global_batch`) is the plan's per-replica batch × the replicas per worker on any number of workers, and
+    the learning rate is the one a parameter-server run of `train.workers` has.
 
     Raises:
         TrainingError: when the plan is not the DATA plan of `train.workers`, or the worker count is outside
@@ -97,14 +103,19 @@ def create_attempt(plan: ShardPlan, train_config: TrainConfig, num_workers: int,
             f"the shard plan has {plan.replicas_per_worker} replica(s) per worker but the strategy has "
             f"{replicas_per_worker}; every attempt of an elastic run needs the replicas per worker the plan was made "
             "for (train.cpu_replicas, GPUs per worker)")
-    num_replicas = num_workers * replicas_per_worker
-    global_batch = nearest_global_batch(plan.global_batch_size, num_replicas)
-    lr_replicas = global_batch / plan.per_replica_batch_size
+    if parameter_server:
+        global_batch = plan.per_replica_batch_size * replicas_per_worker
+        per_replica, lr_replicas = plan.per_replica_batch_size, replicas_per_worker
+    else:
+        num_replicas = num_workers * replicas_per_worker
+        global_batch = nearest_global_batch(plan.global_batch_size, num_replicas)
+        per_replica, lr_replicas = global_batch // num_replicas, global_batch / plan.per_replica_batch_size
     learning_rate = strategies.scaled_learning_rate(train_config.base_learning_rate, train_config.lr_scaling,
                                                     lr_replicas)
     return ElasticAttempt(num_workers=num_workers, replicas_per_worker=replicas_per_worker,
-                          configured_global_batch=plan.global_batch_size, global_batch=global_batch,
-                          per_replica_batch=global_batch // num_replicas, learning_rate=learning_rate,
+                          configured_global_batch=global_batch if parameter_server else plan.global_batch_size,
+                          global_batch=global_batch,
+                          per_replica_batch=per_replica, learning_rate=learning_rate,
                           learning_rate_replicas=lr_replicas,
                           epoch_records=plan.steps_per_epoch * plan.global_batch_size)
 

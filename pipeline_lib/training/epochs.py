@@ -142,6 +142,22 @@ def elastic_records(manifest: Manifest, train_config: TrainConfig, *, epoch_reco
     once, however the steps were split over attempts of different sizes. `with_ids` yields each record's index in
     file order instead of the record (the same order: a shuffle's permutation does not depend on the values).
     """
+    return elastic_record_chunks(manifest, train_config, epoch_records=epoch_records, start_record=start_record,
+                                 global_batch=global_batch, num_workers=num_workers, worker=worker,
+                                 num_steps=num_steps, steps_per_chunk=1, with_ids=with_ids).unbatch()
+
+
+def elastic_record_chunks(manifest: Manifest, train_config: TrainConfig, *, epoch_records: int, start_record: int,
+                          global_batch: int, num_workers: int, worker: int, num_steps: int, steps_per_chunk: int,
+                          with_ids: bool = False) -> tf.data.Dataset:
+    """`elastic_records` in chunks: each element is the worker's records of `steps_per_chunk` consecutive global
+    steps (the last chunk fewer), as one 1-D tensor, ready to be parsed in one call.
+
+    The stream is cut into G·steps_per_chunk records at a time and each cut viewed as steps_per_chunk rows of G, of
+    which the worker keeps its columns: no record is unbatched and re-batched, which made the elastic input cost
+    twice the CPU per batch of a plain one (every worker still reads and shuffles every record: the global order
+    is a shuffle of them all, and a TFRecord file has no random access).
+    """
     if global_batch % num_workers:
         raise TrainingError(f"global batch {global_batch} does not split over {num_workers} workers; "
                             "elastic.create_attempt chooses one that does")
@@ -161,8 +177,8 @@ def elastic_records(manifest: Manifest, train_config: TrainConfig, *, epoch_reco
         return records.take(epoch_records)
 
     stream = tf.data.Dataset.range(first_epoch, num_epochs).flat_map(epoch_order).skip(offset)
-    steps = stream.batch(global_batch, drop_remainder=True).take(num_steps)
-    return steps.map(lambda batch: batch[low:high]).unbatch()
+    chunks = stream.take(num_steps * global_batch).batch(global_batch * steps_per_chunk)
+    return chunks.map(lambda chunk: tf.reshape(tf.reshape(chunk, [-1, global_batch])[:, low:high], [-1]))
 
 
 def create_elastic_dataset_fn(manifest: Manifest, train_config: TrainConfig, attempt: ElasticAttempt, total_steps: int,
@@ -179,14 +195,38 @@ def create_elastic_dataset_fn(manifest: Manifest, train_config: TrainConfig, att
             raise TrainingError(f"the strategy has {input_context.num_input_pipelines} input pipeline(s) but the "
                                 f"elastic attempt {attempt.num_workers} worker(s); one input pipeline per worker")
         batch = input_context.get_per_replica_batch_size(attempt.global_batch)
-        records = elastic_records(manifest, train_config, epoch_records=attempt.epoch_records,
-                                  start_record=attempt.start_records, global_batch=attempt.global_batch,
-                                  num_workers=attempt.num_workers, worker=input_context.input_pipeline_id,
-                                  num_steps=total_steps - attempt.start_step)
-        batches = input_pipeline.batches_from_records(records, manifest, batch, drop_remainder=True,
-                                                      is_classification=is_classification)
+        # Parse about PARSE_BATCH_ROWS records per call, as a plain pipeline does: whole steps of this worker's slice.
+        steps_per_chunk = max(1, input_pipeline.parse_batch_size(batch) // attempt.per_worker_batch)
+        chunks = elastic_record_chunks(manifest, train_config, epoch_records=attempt.epoch_records,
+                                       start_record=attempt.start_records, global_batch=attempt.global_batch,
+                                       num_workers=attempt.num_workers, worker=input_context.input_pipeline_id,
+                                       num_steps=total_steps - attempt.start_step, steps_per_chunk=steps_per_chunk)
+        batches = input_pipeline.batches_from_record_chunks(chunks, manifest, batch, drop_remainder=True,
+                                                            is_classification=is_classification,
+                                                            rebatch=steps_per_chunk * attempt.per_worker_batch != batch)
         if input_batches is not None:
             batches = input_batches(batches, input_context.input_pipeline_id, attempt.start_step)
         return batches
 
     return dataset_fn
+
+
+def create_elastic_coordinator_batches(manifest: Manifest, train_config: TrainConfig, attempt: ElasticAttempt,
+                                       total_steps: int, is_classification: bool,
+                                       input_batches: InputBatchesFn | None = None) -> tf.data.Dataset:
+    """The batches of an elastic parameter-server attempt, read by the coordinator: batch j is global step j's.
+
+    Under parameter_server the coordinator schedules each step on whichever worker is free, so per-worker datasets
+    would let the order of the steps decide which examples are trained. The coordinator reads the global order
+    (`elastic_records`, one reader) and ships each step's batch with the step instead: each example of each epoch
+    is trained once, and the checkpoint's position is exact, however many workers run the steps and whichever
+    runs which. The cost is that every batch passes through the coordinator (see the README).
+    """
+    batch = attempt.global_batch
+    steps_per_chunk = input_pipeline.parse_batch_size(batch) // batch
+    chunks = elastic_record_chunks(manifest, train_config, epoch_records=attempt.epoch_records,
+                                   start_record=attempt.start_records, global_batch=batch, num_workers=1, worker=0,
+                                   num_steps=total_steps - attempt.start_step, steps_per_chunk=steps_per_chunk)
+    batches = input_pipeline.batches_from_record_chunks(chunks, manifest, batch, drop_remainder=True,
+                                                        is_classification=is_classification)
+    return input_batches(batches, 0, attempt.start_step) if input_batches is not None else batches

@@ -360,6 +360,15 @@ def batches_from_records(dataset: tf.data.Dataset, manifest: Manifest, batch_siz
     parse_rows = parse_batch_size(batch_size)
     # A partial last parse batch is kept when re-cutting: rebatch decides, by drop_remainder, about its tail.
     dataset = dataset.batch(parse_rows, drop_remainder=drop_remainder and parse_rows == batch_size)
+    return batches_from_record_chunks(dataset, manifest, batch_size, drop_remainder=drop_remainder,
+                                      is_classification=is_classification, rebatch=parse_rows != batch_size)
+
+
+def batches_from_record_chunks(dataset: tf.data.Dataset, manifest: Manifest, batch_size: int, *,
+                               drop_remainder: bool = False, is_classification: bool | None = None,
+                               rebatch: bool = True) -> tf.data.Dataset:
+    """Chunks of serialized records (1-D string tensors, parsed one chunk per call) as parsed, prefetched batches of
+    `batch_size` (re-cut from the chunks unless `rebatch` is False: the chunks are the batches already)."""
     by_layout = make_layout_inputs_fn(manifest.feature_schema, manifest.record_layout, is_classification)
     if by_layout is not None:  # every record has the manifest's byte layout: slice the values out, no parse
         dataset = dataset.map(by_layout, num_parallel_calls=tf.data.AUTOTUNE)
@@ -368,7 +377,7 @@ def batches_from_records(dataset: tf.data.Dataset, manifest: Manifest, batch_siz
         # tf.data.experimental.parse_example_dataset is deprecated and points at this form).
         dataset = dataset.map(make_parse_fn(manifest.feature_schema, is_classification),
                               num_parallel_calls=tf.data.AUTOTUNE)
-    if parse_rows != batch_size:
+    if rebatch:
         dataset = dataset.rebatch(batch_size, drop_remainder=drop_remainder)
     return dataset.prefetch(tf.data.AUTOTUNE)
 

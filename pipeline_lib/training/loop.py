@@ -103,13 +103,15 @@ def train(
     is_classification = config.model.task == Task.CLASSIFICATION
     coordinator = None
     attempt = None  # an elastic run's attempt: its size from the cluster, its global batch from the plan
+    if train_config.elastic is not None:
+        attempt = elastic.create_attempt(plan, train_config, choice.num_workers, choice.replicas_per_worker,
+                                         parameter_server=is_parameter_server)
     if is_parameter_server:
         _check_coordinator(cluster, config)
         # Each scheduled step runs on one worker; its batch is that worker's replicas.
         global_batch = plan.per_replica_batch_size * choice.num_replicas
         coordinator = tf.distribute.coordinator.ClusterCoordinator(choice.strategy)
-    elif train_config.elastic is not None:
-        attempt = elastic.create_attempt(plan, train_config, choice.num_workers, choice.replicas_per_worker)
+    elif attempt is not None:
         global_batch = attempt.global_batch
     else:
         global_batch = synchronous_global_batch(plan, choice, config)
@@ -142,7 +144,11 @@ def train(
                                 data_position_fn=attempt.position_at if attempt is not None else None)
     try:
         try:
-            if attempt is not None:
+            if attempt is not None and coordinator is not None:
+                batches = epochs.create_elastic_coordinator_batches(manifest, train_config, attempt, plan.total_steps,
+                                                                    is_classification, hooks.input_batches)
+                _run_parameter_server(choice, coordinator, batches, train_step, controller, hooks, plan)
+            elif attempt is not None:
                 dataset_fn = epochs.create_elastic_dataset_fn(manifest, train_config, attempt, plan.total_steps,
                                                               is_classification, hooks.input_batches)
                 _run_synchronous(choice, dataset_fn, train_step, controller, hooks, plan)
@@ -267,21 +273,44 @@ def _run_synchronous(choice: strategies.StrategyChoice, dataset_fn: epochs.Datas
         controller.after_execution(StepOutputs(*(values.numpy() for values in outputs)), agree)
 
 
-def _run_parameter_server(choice: strategies.StrategyChoice, coordinator, dataset_fn: epochs.DatasetFn, train_step,
-                          controller: LoopController, hooks: TrainHooks, plan: ShardPlan) -> None:
-    """The chief (coordinator) schedules single steps on the workers, which update the ps asynchronously."""
+class _OneBatch:
+    """The "iterator" of a step whose batch the coordinator shipped with it: `next` gives that batch."""
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    def __next__(self):
+        return self.batch
+
+
+def _run_parameter_server(choice: strategies.StrategyChoice, coordinator, inputs: epochs.DatasetFn | tf.data.Dataset,
+                          train_step, controller: LoopController, hooks: TrainHooks, plan: ShardPlan) -> None:
+    """The chief (coordinator) schedules single steps on the workers, which update the ps asynchronously.
+
+    `inputs` is a `dataset_fn` (each worker reads its own dataset) or, for an elastic run, the coordinator's own
+    batches, one shipped with each step in order (`epochs.create_elastic_coordinator_batches`).
+    """
     strategy = choice.strategy
+    if isinstance(inputs, tf.data.Dataset):
+        batches = iter(inputs)
+        worker_step = tf.function(lambda features, labels: train_step(_OneBatch((features, labels))))
 
-    @tf.function
-    def per_worker_dataset_fn():
-        return strategy.distribute_datasets_from_function(dataset_fn)
+        def step_args() -> tuple:
+            return next(batches)
+    else:
+        @tf.function
+        def per_worker_dataset_fn():
+            return strategy.distribute_datasets_from_function(inputs)
 
-    per_worker_iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
-    worker_step = tf.function(train_step)
+        per_worker_iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
+        worker_step = tf.function(train_step)
+
+        def step_args() -> tuple:
+            return (per_worker_iterator,)
     agree = StopAgreement(choice, hooks, collective=False)  # the chief alone runs this loop
     while not controller.is_done:
         count = controller.steps_to_next(plan.total_steps)
-        results = [coordinator.schedule(worker_step, args=(per_worker_iterator,)) for _ in range(count)]
+        results = [coordinator.schedule(worker_step, args=step_args()) for _ in range(count)]
         coordinator.join()
         fetched = [r.fetch() for r in results]
         controller.after_execution(StepOutputs(*(np.array(values, np.float32) for values in zip(*fetched))), agree)

@@ -395,12 +395,14 @@ def test_a_failure_after_training_ends_the_mlflow_run_failed_naming_the_stage(tm
 
 
 @pytest.mark.slow
-def test_a_worker_restart_and_a_fault_after_the_final_checkpoint_show_in_mlflow_and_the_prefect_log(
+def test_an_elastic_shrink_a_restart_and_a_fault_after_the_final_checkpoint_show_in_mlflow_the_log_and_summary(
         tmp_path, prefect_api, monkeypatch):
-    """One flow, two real SIGKILLs through the documented test-only setting the workers inherit: one at step 30
-    (the restart resumes from the step-20 checkpoint), one after the final checkpoint is saved and before the
-    result is written (the restarted process restores the final step, trains nothing, and the pipeline goes on to
-    consolidation and evaluation). Each fault has its own marker, so each fires once."""
+    """One elastic flow of 2 workers, two real SIGKILLs through the documented test-only settings the workers
+    inherit: worker 1 at step 30 with only 1 local "node" up (TFDAG_TEST_LOCAL_NODES, read by the launcher the flow
+    runs in this process), so the group resumes from the step-20 checkpoint on 1 worker (a resize and a restart);
+    then worker 0 after the final checkpoint is saved and before the result is written (the restarted process
+    restores the final step, trains nothing, and the pipeline goes on to consolidation and evaluation). Each fault
+    has its own marker, so each fires once."""
     import time
 
     from mlflow.tracking import MlflowClient
@@ -408,21 +410,31 @@ def test_a_worker_restart_and_a_fault_after_the_final_checkpoint_show_in_mlflow_
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     from flows.pipeline import training_pipeline
+    from pipeline_lib.launch.spec import FAULT_ENV, LOCAL_NODES_ENV
 
-    monkeypatch.setenv("TFDAG_FAULT", "kill:worker=0:step=30,kill:worker=0:phase=result")
-    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=1, checkpoint_every_steps=20,
-                         restart_backoff_s=0.1)
+    nodes = tmp_path / "nodes"
+    nodes.write_text("1")
+    monkeypatch.setenv(FAULT_ENV, "kill:worker=1:step=30,kill:worker=0:phase=result")
+    monkeypatch.setenv(LOCAL_NODES_ENV, str(nodes))
+    data = digits_config(tmp_path, strategy="auto", cpu_replicas=None, workers=2, per_replica_batch_size=16, epochs=1,
+                         checkpoint_every_steps=20,
+                         restart_backoff_s=0.1, elastic={"min_workers": 1, "wait_s": 0.5})
     data["name"] = "digits-restart"
     config = parse_config(data)
     summary = training_pipeline(config)
 
     assert summary.num_restarts == 2
+    shrink = ("worker 1 killed by SIGKILL; 1 of 2 workers could be placed within train.elastic.wait_s (0.5 s)")
+    # What `tfdag run --json` prints: the summary as JSON.
+    assert json.loads(summary.model_dump_json())["resizes"] == [{"from": 2, "to": 1, "step": 20, "reason": shrink}]
     client = MlflowClient(tracking_uri=config.mlflow_uri)
     run = client.get_run(summary.mlflow_run_id)
     total_steps = int(run.data.params["total_steps"])
     assert total_steps > 30 and summary.final_step == total_steps  # exactly the planned steps after resuming
     assert [m.value for m in client.get_metric_history(run.info.run_id, "num_restarts")][-1] == 2.0
-    assert "SIGKILL" in run.data.tags["tfdag.restart.1"] and "resumed at step 20 of" in run.data.tags["tfdag.restart.1"]
+    assert run.data.tags["tfdag.resize.1"] == f"2 → 1 workers at step 20: {shrink}"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "workers")] == [(0, 2.0), (20, 1.0)]
+    assert run.data.tags["tfdag.restart.1"] == f"worker 1 killed by SIGKILL; resumed at step 20 of {total_steps}"
     assert run.data.tags["tfdag.restart.2"] == (
         f"worker 0 killed by SIGKILL; resumed at step {total_steps} of {total_steps}, the final step: nothing left "
         "to train, the result comes from its checkpoint")
@@ -444,3 +456,4 @@ def test_a_worker_restart_and_a_fault_after_the_final_checkpoint_show_in_mlflow_
         time.sleep(0.5)
     for number in (1, 2):
         assert any(m.startswith(f"restart {number} of") and "SIGKILL" in m for m in messages), messages[-20:]
+    assert f"resize 1: 2 → 1 workers at step 20: {shrink}" in messages, messages[-20:]

@@ -94,6 +94,11 @@ def test_elastic_is_off_by_default_and_parses(tmp_path):
     assert load_config(write(tmp_path, MINIMAL)).train.elastic is None
     elastic = load_config(write(tmp_path, {**MINIMAL, "train": {"workers": 3, "elastic": {"min_workers": 2}}})).train.elastic
     assert (elastic.min_workers, elastic.wait_s) == (2, 60.0)
+    # Parameter-server training resizes its workers (its servers are kept): auto with servers, or the strategy named.
+    for train in ({"workers": 3, "parameter_servers": 1}, {"workers": 3, "parameter_servers": 2,
+                                                           "strategy": "parameter_server"}):
+        ps = load_config(write(tmp_path, {**MINIMAL, "train": {**train, "elastic": {"min_workers": 2}}})).train
+        assert ps.uses_parameter_server() and ps.elastic.min_workers == 2
 
 
 @pytest.mark.parametrize(("train", "message"), [
@@ -102,8 +107,6 @@ def test_elastic_is_off_by_default_and_parses(tmp_path):
     ({"workers": 3, "elastic": {"min_workers": 4}},
      r"train.elastic.min_workers \(4\) is more than train.workers \(3\).*between 1 and 3"),
     ({"workers": 3, "elastic": {"min_workers": 0}}, r"train.elastic.min_workers \(0\).*greater than or equal to 1"),
-    ({"workers": 3, "parameter_servers": 1, "elastic": {"min_workers": 2}},
-     r"train.elastic.min_workers \(2\) with parameter-server training: .*no epoch order"),
     ({"workers": 3, "strategy": "mirrored", "elastic": {"min_workers": 2}},
      r"train.elastic.min_workers \(2\) with train.strategy 'mirrored', a one-worker strategy"),
     ({"workers": 3, "autoshard": "file", "elastic": {"min_workers": 2}},

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import threading
 import time
 import types
@@ -17,7 +19,7 @@ import pytest
 from pipeline_lib.checkpoints import manifests
 from pipeline_lib.config import parse_config
 from pipeline_lib.launch.errors import ElasticCapacityError
-from pipeline_lib.launch.local import _resize, launch
+from pipeline_lib.launch.local import LocalGroup, _resize, launch
 from pipeline_lib.launch.prometheus import TARGETS_NAME
 from pipeline_lib.launch.spec import EXAMPLE_IDS_ENV, FAULT_ENV, LOCAL_NODES_ENV
 from pipeline_lib.planning.sharding import plan_for_train
@@ -134,6 +136,78 @@ def test_a_lost_worker_shrinks_the_group_and_returning_capacity_grows_it_back_ev
     tf.keras.utils.set_random_seed(config.train.seed)  # as every worker seeds
     expected = epochs.elastic_records(manifest, config.train, epoch_records=1425, start_record=0, global_batch=1,
                                       num_workers=1, worker=0, num_steps=len(consumed), with_ids=True)
+    assert consumed == [int(i) for i in expected.as_numpy_iterator()]
+
+
+class _RecordingGroup(LocalGroup):
+    """The local group, keeping each started task's process by name (`worker 2`), so a test can kill one."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.processes: dict[str, object] = {}
+        self.started: list[str] = []
+
+    def start(self, task, log_fn, log_lock):
+        process = super().start(task, log_fn, log_lock)
+        self.processes[task.name] = process
+        self.started.append(task.name)
+        return process
+
+
+@pytest.mark.slow
+def test_parameter_server_keeps_its_server_and_shrinks_its_workers_every_example_once(tmp_path):
+    """A parameter-server run of 3 workers and 1 ps, steps of 25 examples (one worker's batch). Its worker 2's
+    process is SIGKILLed after the chief's step 7 with only 2 local "nodes" up: the group restarts from its last
+    checkpoint with the ps and 2 workers, to step 20 exactly, at the same batch and rate. The coordinator ships each
+    step's batch in the global order, so the example ids of the two attempts are that order, once each."""
+    import tensorflow as tf
+
+    manifest = write_digits_dataset(str(tmp_path / "digits"), example_ids=True)
+    config = make_config(str(tmp_path), label="target", strategy="parameter_server", workers=3, parameter_servers=1,
+                         per_replica_batch_size=25, steps=20, checkpoint_every_steps=5, log_every_steps=1,
+                         keep_checkpoints=10, shuffle=True, shuffle_buffer=2000, base_learning_rate=0.01,
+                         max_restarts=1, elastic={"min_workers": 2, "wait_s": 1.0}, early_stopping={"enabled": False})
+    plan = plan_for_train(manifest, config.train, 1)
+    run_dir, ids_dir, nodes = str(tmp_path / "run"), str(tmp_path / "ids"), tmp_path / "nodes"
+    nodes.write_text("2")
+    spec = make_spec(config, manifest, plan, run_dir)
+    group = _RecordingGroup(spec, config, {EXAMPLE_IDS_ENV: ids_dir, LOCAL_NODES_ENV: str(nodes)})
+    logs, killed = LogCapture(), []
+
+    def kill_worker_2(line: str) -> None:
+        logs(line)
+        step = re.match(r"\[chief 0\].*train \| step:\s+(\d+)", line)
+        if step and int(step.group(1)) >= 7 and not killed:
+            killed.append(int(step.group(1)))
+            os.kill(group.processes["worker 2"].popen.pid, signal.SIGKILL)
+
+    outcome = launch(spec, config, log_fn=kill_worker_2, group=group)
+
+    result = outcome.result
+    assert (result.strategy, result.final_step, result.total_steps) == ("parameter_server", 20, 20)
+    assert (result.global_batch_size, result.scaled_learning_rate) == (25, pytest.approx(0.01))
+    (shrink,) = result.resizes
+    assert (shrink.from_workers, shrink.to_workers) == (3, 2) and shrink.step in (5, 10)
+    assert "worker 2 killed by SIGKILL" in shrink.reason
+    assert [r.resumed_step for r in outcome.restarts] == [shrink.step]
+    assert f"[supervisor] resize 1: 3 → 2 workers at step {shrink.step}: worker 2 killed by SIGKILL" in logs.text
+    # The servers are kept: the restarted group is the chief, 2 workers and the ps.
+    assert len(group.started) == 5 + 4
+    assert set(group.started[:5]) == {"chief 0", "worker 0", "worker 1", "worker 2", "ps 0"}
+    assert set(group.started[5:]) == {"chief 0", "worker 0", "worker 1", "ps 0"}
+    assert "elastic attempt on 2 worker(s): global batch 25, 25 per replica" in logs.text
+    positions = {r.step: r.data_position for r in manifests.list_checkpoints(os.path.join(run_dir, "checkpoints"))}
+    assert (positions[20].records, positions[20].num_workers, positions[20].global_batch) == (20 * 25, 2, 25)
+
+    # One record (the coordinator's) per attempt; each attempt trained the first batches of its record, in order.
+    fed = [read_record(record_path(ids_dir, 0, 3, 0))[:shrink.step],
+           read_record(record_path(ids_dir, 0, 2, shrink.step))[:20 - shrink.step]]
+    consumed = [i for attempt in fed for batch in attempt for i in batch]
+    assert len(consumed) == len(set(consumed)) == 20 * 25  # under one epoch (1425 records): each example once
+    tf.keras.utils.set_random_seed(config.train.seed)
+    expected = epochs.elastic_records(manifest, config.train, epoch_records=plan.steps_per_epoch * plan.global_batch_size,
+                                      start_record=0, global_batch=1, num_workers=1, worker=0, num_steps=len(consumed),
+                                      with_ids=True)
     assert consumed == [int(i) for i in expected.as_numpy_iterator()]
 
 

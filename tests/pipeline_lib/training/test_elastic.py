@@ -3,6 +3,7 @@ and learning rate on K workers, its data position, and each record of each epoch
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -51,6 +52,19 @@ def test_attempt_keeps_the_global_batch_or_takes_the_nearest_and_rescales_the_ra
     assert shrunk.learning_rate == pytest.approx(0.01 * factor)
     assert shrunk.epoch_records == 12 * 21  # floor(256 / 21) global batches of the configured size
     assert "global batch 20 (the configured 21 does not split over 2 × 1" in shrunk.describe()
+
+
+def test_a_parameter_server_attempt_keeps_one_workers_batch_and_the_rate_on_any_worker_count(tiny_manifest):
+    # Each parameter-server step is one worker's batch, whichever worker runs it: 7 on 3 workers and on 2.
+    train = _train(parameter_servers=1)
+    plan = plan_for_train(tiny_manifest, train, 1)
+    for workers in (3, 2):
+        attempt = elastic.create_attempt(plan, train, workers, 1, parameter_server=True)
+        assert (attempt.global_batch, attempt.per_replica_batch, attempt.configured_global_batch) == (7, 7, 7)
+        assert (attempt.learning_rate, attempt.learning_rate_replicas) == (pytest.approx(0.01), 1)
+        assert attempt.epoch_records == 12 * 21  # the plan's epochs, as a synchronous run of train.workers cuts them
+        assert attempt.position_at(5).records == 5 * 7
+        assert f"elastic attempt on {workers} worker(s): global batch 7, 7 per replica" in attempt.describe()
 
 
 def test_attempt_refuses_a_worker_count_or_plan_it_cannot_run(tiny_manifest):
@@ -119,6 +133,35 @@ def test_elastic_records_are_the_records_the_ids_name(tiny_manifest):
     records = list(epochs.elastic_records(tiny_manifest, train, **common).as_numpy_iterator())
     in_file_order = list(input_pipeline.read_records(tiny_manifest, "train").as_numpy_iterator())
     assert records == [in_file_order[i] for i in ids]
+
+
+@pytest.mark.parametrize(("per_replica", "replicas", "parse_rows"), [(5, 2, 1024), (10, 1, 8)])
+def test_the_dataset_fn_parses_the_workers_slices_in_whole_steps(tiny_manifest, monkeypatch, per_replica, replicas,
+                                                                  parse_rows):
+    """Each worker's input is its slice of the elastic order, parsed in chunks of whole steps, cut to per-replica
+    batches: 23 steps of 10 records per worker in one partial chunk of 102 steps, 2 replicas; or, with parse calls
+    of at least 8 rows, one step of 10 a chunk, the chunks the batches, over an epoch's end."""
+    monkeypatch.setattr(input_pipeline, "PARSE_BATCH_ROWS", parse_rows)
+    train = _train(per_replica_batch_size=per_replica, shuffle_buffer=300, steps=26)
+    attempt = dataclasses.replace(elastic.create_attempt(plan_for_train(tiny_manifest, train, 1), train, 3, 1),
+                                  num_workers=2, replicas_per_worker=replicas, global_batch=2 * replicas * per_replica,
+                                  per_replica_batch=per_replica, start_step=3, start_records=40)
+    num_steps = 26 - 3
+    for worker in (0, 1):
+        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=worker,
+                                             num_replicas_in_sync=2 * replicas)
+        batches = epochs.create_elastic_dataset_fn(tiny_manifest, train, attempt, 3 + num_steps, True)(context)
+        records = epochs.elastic_records(tiny_manifest, train, epoch_records=attempt.epoch_records, start_record=40,
+                                         global_batch=attempt.global_batch, num_workers=2, worker=worker,
+                                         num_steps=num_steps)
+        expected = input_pipeline.batches_from_records(records, tiny_manifest, per_replica, drop_remainder=True,
+                                                       is_classification=True)
+        got, want = list(batches.as_numpy_iterator()), list(expected.as_numpy_iterator())
+        assert len(got) == len(want) == num_steps * replicas
+        for (inputs, labels), (want_inputs, want_labels) in zip(got, want):
+            np.testing.assert_array_equal(labels, want_labels)
+            for key in want_inputs:
+                np.testing.assert_array_equal(inputs[key], want_inputs[key])
 
 
 def test_resume_reads_the_position_or_falls_back_to_steps(tiny_manifest):
