@@ -18,7 +18,7 @@ from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.launch import forkserver
 from pipeline_lib.launch.exits import describe_exit
 from pipeline_lib.launch.heartbeat import heartbeat_name, read_heartbeat
-from pipeline_lib.launch.spec import PARENT_PID_ENV
+from pipeline_lib.launch.spec import PARENT_PID_ENV, load_spec, runs_on_a_warm_runtime
 
 logger = logging.getLogger(__name__)
 
@@ -156,19 +156,30 @@ def start_worker(task: TaskSpec, spec_path: str, extra_env: Mapping[str, str], l
 
 def _fork(env: dict[str, str], spec_path: str) -> forkserver.ForkedProcess | None:
     """The worker forked by the fork server for `env` (its parent, so the pid a worker dies with); None when that
-    server cannot start or fork (told as a warning)."""
+    server cannot start or fork (told as a warning). A one-process task may land on the server's warm spare."""
     try:
+        warm = runs_on_a_warm_runtime(load_spec(spec_path), env.get("TF_CONFIG"))
         server = forkserver.server_for(env)
         return server.spawn(WORKER_MODULE, ["--spec", spec_path], {**env, PARENT_PID_ENV: str(server.pid)},
-                            os.getcwd())
+                            os.getcwd(), warm=warm)
     except (OSError, RuntimeError) as error:
         logger.warning("starting the worker without the fork server: %s", error)
         return None
 
 
-def warm_fork_server(task: TaskSpec, extra_env: Mapping[str, str]) -> None:
-    """Start the fork server `start_worker(..., fork=True)` would use for `task` (no-op when it runs or is off)."""
-    env = worker_env(task, extra_env)
-    if forkserver.enabled(env):
-        with contextlib.suppress(OSError, RuntimeError):
-            forkserver.server_for(env)
+# The task of a one-process launch (no TF_CONFIG); every launch of this process shares its fork server (the server is
+# keyed by the import-time variables, which TF_CONFIG is not).
+ONE_PROCESS = TaskSpec(ClusterInfo(), is_trainer=True, env_tf_config=False)
+
+
+def warm_fork_server(extra_env: Mapping[str, str]) -> forkserver.ForkServer | None:
+    """Start (or find) the fork server `start_worker(..., fork=True)` uses for this process's launches with
+    `extra_env`, and return it; None when the fork server is off or cannot start (the launch then starts workers
+    the plain way)."""
+    env = worker_env(ONE_PROCESS, extra_env)
+    if not forkserver.enabled(env):
+        return None
+    try:
+        return forkserver.server_for(env)
+    except (OSError, RuntimeError):
+        return None
