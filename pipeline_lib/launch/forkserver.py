@@ -18,10 +18,10 @@ training here), and the server cannot warm them before it forks: the runtime's t
 launch may ask for a warm child (`spawn(..., warm=True)`, a tuning trial's one-process worker): after the first such
 launch the server keeps one *spare*, a child forked ahead that runs the module's `warm_up(args, background)` with the
 args of the launch before it (the worker reads that trial's spec, then trains its config for a few steps) after its
-fork, at idle priority from `background()` on (it uses only what the running launch leaves idle), with its output to /dev/null, in its own session, dying with the server;
-then it waits on its socket. The next warm launch
-of that module is handed to it (the request and its output pipe over SCM_RIGHTS) and the server forks the next
-spare in the background; a launch while the spare still warms up is forked as above. The spare is forked from the
+fork, at idle priority from `background()` on (it uses only what the running launch leaves idle), with its output
+to /dev/null, in its own session, dying with the server; then it waits on its socket. The next warm launch of that
+module is handed to it (the request and its output pipe over SCM_RIGHTS) and the server forks the next spare in the
+background; a launch while the spare still warms up is forked as above. The spare is forked from the
 server, never from a task, so it holds no launch's environment, TF_CONFIG or port; a spare that dies before its task
 (a failed warm-up) ends spares for that server.
 
@@ -162,8 +162,9 @@ class ForkServer:
         """A child running `module.main()` with `args`, `env` and `cwd`.
 
         With `warm`, the child may be the server's spare: a process forked ahead of this launch that already ran
-        `module.warm_up(args, background)` with the args of the launch before (TensorFlow's runtime started). Only a task that needs no runtime configuration before
-        its first op may be warm. The first warm launch of a server makes it keep one spare from then on.
+        `module.warm_up(args, background)` with the args of the launch before (TensorFlow's runtime started). Only a
+        task that needs no runtime configuration before its first op may be warm. The first warm launch of a server
+        makes it keep one spare from then on.
         """
         read_end, write_end = os.pipe()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -245,8 +246,8 @@ def _child(request: dict, out_fd: int, keep_closed: Sequence[int], server_pid: i
 def _spare(before: dict, channel: socket.socket, keep_closed: Sequence[int], server_pid: int) -> None:
     """In a spare child: warm the module of the launch `before` up (its `warm_up(args, background)` with that
     launch's args, at idle priority from its call of `background()` on, output to /dev/null), tell the server, then
-    wait on `channel` for a task (its request and output descriptor) and become it at normal priority; never return. A failed warm-up ends the spare (exit 1): the server
-    then forks each task itself."""
+    wait on `channel` for a task (its request and output descriptor) and become it at normal priority; never return.
+    A failed warm-up ends the spare (exit 1): the server then forks each task itself."""
     code = 1
     try:
         _detach(keep_closed, server_pid)
