@@ -13,18 +13,6 @@ child per task on request. A child is what `python -m pipeline_lib.launch.worker
 - killed by Linux when the server dies (PDEATHSIG, `TFDAG_PARENT_PID` is the server), and the server when the
   launcher's process dies (PDEATHSIG, and its control socket's end of file).
 
-A forked child still starts TensorFlow's runtime, its thread pools and its tracing cold (1.5–2 s of a short
-training here), and the server cannot warm them before it forks: the runtime's threads do not survive a fork. So a
-launch may ask for a warm child (`spawn(..., warm=True)`, a tuning trial's one-process worker): after the first such
-launch the server keeps one *spare*, a child forked ahead that runs the module's `warm_up(args, background)` with the
-args of the launch before it (the worker reads that trial's spec, then trains its config for a few steps) after its
-fork, at idle priority from `background()` on (it uses only what the running launch leaves idle), with its output
-to /dev/null, in its own session, dying with the server; then it waits on its socket. The next warm launch of that
-module is handed to it (the request and its output pipe over SCM_RIGHTS) and the server forks the next spare in the
-background; a launch while the spare still warms up is forked as above. The spare is forked from the
-server, never from a task, so it holds no launch's environment, TF_CONFIG or port; a spare that dies before its task
-(a failed warm-up) ends spares for that server.
-
 What is fixed at import time (TF_*/CUDA_*/OMP_* variables, PYTHONPATH, the interpreter, TFDAG_VERBOSE) is the
 server's key: a launch with other values gets (and keeps) its own server. Only the local launcher forks;
 `TFDAG_FORK_SERVER=0` makes it start each worker with a plain `python -m` instead. Ray's tasks always do.
@@ -44,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 try:
     import setproctitle
@@ -59,10 +47,7 @@ _IMPORT_TIME_PREFIXES = ("TF_", "CUDA", "NVIDIA", "OMP_", "KMP_", "MKL", "OPENBL
 _PER_CHILD = ("TF_CONFIG",)
 _READY_TIMEOUT_S = 180.0
 _MESSAGE_MAX = 1 << 20
-_SERVER_MODULE = "pipeline_lib.launch.forkserver"  # this module, also where it runs as __main__
 _START_CWD = os.getcwd()  # the server's: `python -m` put it first on sys.path, where a child wants its own
-# What a warm spare tells the server once its module's warm_up() returned.
-_WARM = b"warm"
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -157,19 +142,10 @@ class ForkServer:
     def alive(self) -> bool:
         return self._popen.poll() is None
 
-    def spawn(self, module: str, args: Sequence[str], env: Mapping[str, str], cwd: str, *,
-              warm: bool = False) -> ForkedProcess:
-        """A child running `module.main()` with `args`, `env` and `cwd`.
-
-        With `warm`, the child may be the server's spare: a process forked ahead of this launch that already ran
-        `module.warm_up(args, background)` with the args of the launch before (TensorFlow's runtime started). Only a
-        task that needs no runtime configuration before its first op may be warm. The first warm launch of a server
-        makes it keep one spare from then on.
-        """
+    def spawn(self, module: str, args: Sequence[str], env: Mapping[str, str], cwd: str) -> ForkedProcess:
         read_end, write_end = os.pipe()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        request = json.dumps({"module": module, "args": list(args), "env": dict(env), "cwd": cwd,
-                              "warm": warm}).encode()
+        request = json.dumps({"module": module, "args": list(args), "env": dict(env), "cwd": cwd}).encode()
         try:
             with self._lock:
                 socket.send_fds(self._control, [request], [write_end, theirs.fileno()])
@@ -220,75 +196,18 @@ def _die_with(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _detach(keep_closed: Sequence[int], server_pid: int) -> None:
-    """In a forked child: die with the server, the default signal handling, none of the server's descriptors, and
-    its own session (its pid is its process group: the launcher's group kill reaches what it starts)."""
-    _die_with(server_pid)
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for fd in keep_closed:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    os.setsid()
-
-
 def _child(request: dict, out_fd: int, keep_closed: Sequence[int], server_pid: int) -> None:
     """In the forked child: become the task's process, run its module's main(), never return."""
     code = 1
     try:
-        _detach(keep_closed, server_pid)
-        code = _run(request, out_fd)
-    finally:
-        os._exit(code)
-
-
-def _spare(before: dict, channel: socket.socket, keep_closed: Sequence[int], server_pid: int) -> None:
-    """In a spare child: warm the module of the launch `before` up (its `warm_up(args, background)` with that
-    launch's args, at idle priority from its call of `background()` on, output to /dev/null), tell the server, then
-    wait on `channel` for a task (its request and output descriptor) and become it at normal priority; never return.
-    A failed warm-up ends the spare (exit 1): the server then forks each task itself."""
-    code = 1
-    try:
-        _detach(keep_closed, server_pid)
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        os.close(null)
-        if setproctitle is not None:
-            setproctitle.setproctitle(f"{sys.executable} -m {_SERVER_MODULE} (a warm spare of tfdag's fork server "
-                                      f"{server_pid})")
-        warm_up = getattr(importlib.import_module(before["module"]), "warm_up", None)
-        if warm_up is not None:
-            # It runs while the launch before runs, on idle CPU only once it read what it needs of that launch
-            # (`background()`), so it does not slow that launch down.
-            warm_up(before["args"], lambda: _set_policy(os.getpid(), os.SCHED_IDLE))
-        channel.sendall(_WARM)
-        message, fds, _, _ = socket.recv_fds(channel, _MESSAGE_MAX, 1)
-        channel.close()
-        if not message or len(fds) != 1:
-            code = 0  # the server closed: it is going away
-        else:
-            # Every thread, the runtime's pools started by the warm-up included (a thread inherits its creator's).
-            for tid in os.listdir("/proc/self/task"):
-                _set_policy(int(tid), os.SCHED_OTHER)
-            code = _run(json.loads(message), fds[0])
-    finally:
-        os._exit(code)
-
-
-def _set_policy(tid: int, policy: int) -> None:
-    """Thread `tid`'s scheduling policy (Linux lets an unprivileged thread go back from SCHED_IDLE to SCHED_OTHER at
-    its nice value); a thread that ended meanwhile is skipped."""
-    with contextlib.suppress(ProcessLookupError):
-        os.sched_setscheduler(tid, policy, os.sched_param(0))
-
-
-def _run(request: dict, out_fd: int) -> int:
-    """Become the task's process (stdio, directory, environment, argv, title) and run its module's main(); return
-    its exit code."""
-    code = 1
-    try:
+        _die_with(server_pid)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for fd in keep_closed:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
@@ -316,7 +235,7 @@ def _run(request: dict, out_fd: int) -> int:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
-    return code
+        os._exit(code)
 
 
 def serve(control_fd: int, parent_pid: int) -> None:
@@ -326,7 +245,8 @@ def serve(control_fd: int, parent_pid: int) -> None:
     if setproctitle is not None:
         # Its first call moves the environment to make room for titles: here, while the environment is the one the
         # process started with (a child's title is set after its environment changed).
-        setproctitle.setproctitle(f"{sys.executable} -m {_SERVER_MODULE} (tfdag's fork server of pid {parent_pid})")
+        setproctitle.setproctitle(f"{sys.executable} -m pipeline_lib.launch.forkserver (tfdag's fork server of pid "
+                                  f"{parent_pid})")
     control = socket.socket(fileno=control_fd)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -342,39 +262,24 @@ def serve(control_fd: int, parent_pid: int) -> None:
         control.send(f"import failed: {error!r}".encode()[:_MESSAGE_MAX])
         return
     control.send(b"ready")
-    server_pid = os.getpid()
     children: dict[int, socket.socket] = {}
-    spare: _SpareChild | None = None
-    spares_work = True  # until a spare dies before its task: then its module's warm-up fails here
-
-    def closed_in_a_child(*more: int) -> list[int]:
-        own = [spare.channel.fileno()] if spare is not None else []
-        return [control.fileno(), wake_r, wake_w, *own, *more, *(s.fileno() for s in children.values())]
-
     while True:
-        watched = [control, wake_r] + ([spare.channel] if spare is not None and not spare.is_warm else [])
-        ready, _, _ = select.select(watched, [], [])
+        ready, _, _ = select.select([control, wake_r], [], [])
         if wake_r in ready:
             with contextlib.suppress(BlockingIOError):
                 os.read(wake_r, 512)
-        while children or spare is not None:
+        while children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
                 break
-            if spare is not None and pid == spare.pid:
-                spare.channel.close()
-                spare, spares_work = None, False
-                continue
             told = children.pop(pid, None)
             if told is not None:
                 with contextlib.suppress(OSError):
                     told.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
                 told.close()
-        if spare is not None and spare.channel in ready:
-            spare.is_warm = spare.channel.recv(_MESSAGE_MAX) == _WARM  # else its end of file: it is dying, reaped above
         if control in ready:
             message, fds, _, _ = socket.recv_fds(control, _MESSAGE_MAX, 2)
             if not message:
@@ -382,63 +287,19 @@ def serve(control_fd: int, parent_pid: int) -> None:
             out_fd, status_fd = fds
             status = socket.socket(fileno=status_fd)
             request = json.loads(message)
-            pid = None
-            if spare is not None and spare.fits(request):
-                pid = spare.hand(message, out_fd)
-                spare = None
-            if pid is None:
-                pid = _fork(_child, request, out_fd, closed_in_a_child(status.fileno()), server_pid)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            server_pid = os.getpid()
+            pid = os.fork()
+            if pid == 0:
+                _child(request, out_fd,
+                       [control.fileno(), wake_r, wake_w, status.fileno(), *(s.fileno() for s in children.values())],
+                       server_pid)
             os.close(out_fd)
             children[pid] = status
             with contextlib.suppress(OSError):
                 status.sendall(f"pid {pid}\n".encode())
-            if request.get("warm") and spare is not None and spare.module != request["module"]:
-                spare.discard()  # at most one spare, for the module warm launches start now
-                spare = None
-            if request.get("warm") and spare is None and spares_work:
-                # The next warm launch's process, started now: it warms while this one's task runs.
-                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                pid = _fork(_spare, request, theirs, closed_in_a_child(ours.fileno()), server_pid)
-                theirs.close()
-                spare = _SpareChild(pid, ours, request["module"])
 
-
-def _fork(child_fn: Callable[..., None], *args) -> int:
-    """Fork; the child runs `child_fn(*args)` (which never returns), the server gets the child's pid."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        child_fn(*args)
-    return pid
-
-
-class _SpareChild:
-    """The server's side of its spare: a child forked ahead that warms its module up, then waits for a task."""
-
-    def __init__(self, pid: int, channel: socket.socket, module: str):
-        self.pid, self.channel, self.module = pid, channel, module
-        self.is_warm = False
-
-    def fits(self, request: dict) -> bool:
-        """A warm launch of the module it warmed, once it told it is warm (a task never waits for a warm-up)."""
-        return self.is_warm and bool(request.get("warm")) and request["module"] == self.module
-
-    def hand(self, message: bytes, out_fd: int) -> int | None:
-        """Give it the task; its pid, or None when it is gone (the server forks the task itself)."""
-        try:
-            socket.send_fds(self.channel, [message], [out_fd])
-        except OSError:
-            self.discard()
-            return None
-        self.channel.close()
-        return self.pid
-
-    def discard(self) -> None:
-        """Kill it (reaped with the server's other children, told to no one)."""
-        self.channel.close()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
 
 if __name__ == "__main__":
     serve(int(sys.argv[1]), int(sys.argv[2]))

@@ -18,7 +18,7 @@ from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.launch import forkserver
 from pipeline_lib.launch.exits import describe_exit
 from pipeline_lib.launch.heartbeat import heartbeat_name, read_heartbeat
-from pipeline_lib.launch.spec import PARENT_PID_ENV, load_spec, runs_on_a_warm_runtime
+from pipeline_lib.launch.spec import PARENT_PID_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -156,12 +156,11 @@ def start_worker(task: TaskSpec, spec_path: str, extra_env: Mapping[str, str], l
 
 def _fork(env: dict[str, str], spec_path: str) -> forkserver.ForkedProcess | None:
     """The worker forked by the fork server for `env` (its parent, so the pid a worker dies with); None when that
-    server cannot start or fork (told as a warning). A one-process task may land on the server's warm spare."""
+    server cannot start or fork (told as a warning)."""
     try:
-        warm = runs_on_a_warm_runtime(load_spec(spec_path), env.get("TF_CONFIG"))
         server = forkserver.server_for(env)
         return server.spawn(WORKER_MODULE, ["--spec", spec_path], {**env, PARENT_PID_ENV: str(server.pid)},
-                            os.getcwd(), warm=warm)
+                            os.getcwd())
     except (OSError, RuntimeError) as error:
         logger.warning("starting the worker without the fork server: %s", error)
         return None

@@ -55,18 +55,6 @@ class WorkerSpec(BaseModel):
 SPEC_NAME = "worker_spec.json"
 
 
-def runs_on_a_warm_runtime(spec: WorkerSpec, tf_config: str | None) -> bool:
-    """Whether the task of `spec` starts in the fork server's warm spare, a process whose TensorFlow runtime already
-    ran (and keeps one ready for the next such task): a tuning trial's one-process task on at most one logical CPU.
-
-    A study's trials come one after another, so the spare kept for the next is used; a cluster's collectives
-    (TF_CONFIG) and a split of the CPU into logical devices (`train.cpu_replicas`) must be configured before the
-    runtime starts, so those tasks start in a fresh fork.
-    """
-    train = spec.config.get("train") or {}
-    return spec.config.get("tune_trial") is not None and not tf_config and (train.get("cpu_replicas") or 1) < 2
-
-
 def write_spec(spec: WorkerSpec, directory: str) -> str:
     """Write `spec` as `<directory>/worker_spec.json`, readable by its owner only (0600), and return its path.
 

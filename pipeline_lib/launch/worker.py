@@ -289,18 +289,14 @@ def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None, *, config: 
 
 def worker_main(argv: Sequence[str] | None = None) -> int:
     """`tfdag worker --spec SPEC_URI`: the body of the CLI subcommand; returns the process exit code."""
-    args = _parser().parse_args(argv)
+    parser = argparse.ArgumentParser(prog="tfdag worker", description="Run one task of a tfdag training cluster "
+                                     "(TF_CONFIG from the environment).")
+    parser.add_argument("--spec", required=True, help="path or fsspec URI of the WorkerSpec JSON")
+    args = parser.parse_args(argv)
     _die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     quiet_python_loggers()
     return exit_code(lambda: run_worker(load_spec(args.spec)), _to_stderr)
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tfdag worker", description="Run one task of a tfdag training cluster "
-                                     "(TF_CONFIG from the environment).")
-    parser.add_argument("--spec", required=True, help="path or fsspec URI of the WorkerSpec JSON")
-    return parser
 
 
 def _to_stderr(text: str) -> None:
@@ -313,22 +309,6 @@ def exit_code(body: Callable[[], int], report: Callable[[str], None]) -> int:
     the fix, any other exception with its traceback (the launcher shows the tail)."""
     return run_to_exit_code(body, report, prefix="tfdag worker: ", user_error_prefix=USER_ERROR_PREFIX,
                             verbose=is_verbose(), failure_traceback=True)
-
-
-def warm_up(args: Sequence[str], background: Callable[[], None]) -> None:
-    """What the fork server's spare runs before its task (`launch.forkserver`), given the arguments of the launch
-    before it (`--spec SPEC`, a trial of the same study: only tuning trials land on a spare,
-    `spec.runs_on_a_warm_runtime`): that trial's config trained for a few steps on its dataset
-    (`training.warm.warm_runtime`), so the next trial trains at a warm process's speed from its first step; the
-    trial's pruner module (Optuna) is loaded too. The spec and manifest are read first, while that launch (which
-    removes its spec when it ends) has just started; `background()` then drops to idle priority."""
-    spec = load_spec(_parser().parse_args(args).spec)
-    manifest = load_manifest(spec.dataset_uri, spec.pipeline_config().storage_options)
-    background()
-    import pipeline_lib.tuning.pruning  # noqa: F401 - loaded ahead, see above
-    from pipeline_lib.training.warm import warm_runtime
-
-    warm_runtime(spec.config, manifest, spec.plan)
 
 
 def main() -> None:

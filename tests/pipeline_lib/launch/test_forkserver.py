@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import psutil
 import pytest
@@ -28,9 +27,8 @@ def server():
     return server
 
 
-def _spawn(server, tmp_path, *args: str, warm: bool = False, **env: str) -> forkserver.ForkedProcess:
-    return server.spawn(PROBE, ["--spec", str(tmp_path / "spec.json"), *args], {**os.environ, **env}, str(tmp_path),
-                        warm=warm)
+def _spawn(server, tmp_path, *args: str, **env: str) -> forkserver.ForkedProcess:
+    return server.spawn(PROBE, ["--spec", str(tmp_path / "spec.json"), *args], {**os.environ, **env}, str(tmp_path))
 
 
 def test_a_forked_child_gets_the_launch_environment_directory_session_and_exit_code(server, tmp_path):
@@ -41,7 +39,7 @@ def test_a_forked_child_gets_the_launch_environment_directory_session_and_exit_c
     told = json.loads(lines[0])
     assert told == {"cwd": str(tmp_path), "probe": "a value", "tf_config": tf_config,
                     "argv": [PROBE, "--spec", str(tmp_path / "spec.json"), "7"], "own_session": True, "stdin": "",
-                    "tensorflow_imported": True, "warm": False, "normal_priority": True}
+                    "tensorflow_imported": True}
     assert lines[1:] == ["on stderr"]
 
 
@@ -60,49 +58,6 @@ def test_a_killed_child_reports_the_signal_like_popen_and_shows_its_command_in_p
     os.killpg(child.pid, signal.SIGKILL)  # its own process group, as the launcher's kill
     assert child.wait(timeout=30) == -signal.SIGKILL
     assert child.poll() == -signal.SIGKILL
-
-
-def _spares(server, wait_s: float = 10.0) -> list[psutil.Process]:
-    """The server's spares, waiting up to `wait_s` for one (a spare shows its title a moment after its fork)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        spares = [p for p in psutil.Process(server.pid).children() if "warm spare" in " ".join(p.cmdline())]
-        if spares or time.monotonic() > deadline:
-            return spares
-        time.sleep(0.1)
-
-
-def test_after_a_warm_launch_the_next_lands_on_a_spare_that_warmed_up_and_is_then_the_task(server, tmp_path):
-    tf_config = json.dumps({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}})
-    first = _spawn(server, tmp_path, "0", warm=True)
-    assert json.loads(first.stdout.readline())["warm"] is False  # no spare before the first warm launch
-    assert first.wait(timeout=30) == 0
-    [spare] = _spares(server)
-    told = {}
-    for _ in range(120):  # a launch while the spare still warms up is forked as before; the spare waits for the next
-        child = _spawn(server, tmp_path, "5", warm=True, PROBE="to the spare", TF_CONFIG=tf_config)
-        lines = child.stdout.read().decode().splitlines()
-        told = json.loads(lines[0])
-        assert child.wait(timeout=30) == 5 and lines[1:] == ["on stderr"]
-        if told["warm"]:
-            break
-        time.sleep(0.5)
-    assert told["warm"] and child.pid == spare.pid
-    # The launch's environment, directory, argv, session and stdin, not the spare's; back from the warm-up's idle
-    # priority, every thread.
-    assert told == {"cwd": str(tmp_path), "probe": "to the spare", "tf_config": tf_config,
-                    "argv": [PROBE, "--spec", str(tmp_path / "spec.json"), "5"], "own_session": True, "stdin": "",
-                    "tensorflow_imported": True, "warm": True, "normal_priority": True}
-    # One spare at a time, a new one after each warm launch; a launch that is not warm never gets it.
-    [next_spare] = _spares(server)
-    assert next_spare.pid != spare.pid
-    time.sleep(3)
-    cold = _spawn(server, tmp_path, "sleep")
-    assert json.loads(cold.stdout.readline())["warm"] is False
-    assert f"-m {PROBE} --spec" in " ".join(psutil.Process(cold.pid).cmdline())
-    os.killpg(cold.pid, signal.SIGKILL)
-    assert cold.wait(timeout=30) == -signal.SIGKILL
-    assert [p.pid for p in _spares(server)] == [next_spare.pid]
 
 
 def test_the_server_is_keyed_by_what_is_fixed_at_import_time():
