@@ -111,7 +111,6 @@ def _restarted(directory: str, raw: str, manifest, round_: int) -> float:
 
 
 def run(repeats: int = 3, quick: bool = False) -> list[dict]:
-    from pipeline_lib.cluster.info import ClusterInfo
     from pipeline_lib.data import demo
     from pipeline_lib.data.convert import convert
     from pipeline_lib.launch import processes
@@ -123,7 +122,7 @@ def run(repeats: int = 3, quick: bool = False) -> list[dict]:
         demo.write_digits_csv(raw)
         config = _config(directory, raw, 3, 25, elastic=True)
         manifest = convert(config.data, config.output_root, config.storage_options)
-        processes.warm_fork_server(processes.TaskSpec(ClusterInfo(), is_trainer=True, env_tf_config=False), {})
+        processes.warm_fork_server({})
         counter = iter(range(10_000))
         samples = interleaved({
             "elastic": lambda: _elastic(directory, raw, manifest, next(counter), lost),

@@ -97,11 +97,9 @@ def _bare_optuna(directory: str, raw: str, manifest, trials: int, steps: int, ro
 
 
 def run(trials: int = 4, steps: int = 2000, quick: bool = False) -> list[dict]:
-    from pipeline_lib.cluster.info import ClusterInfo
     from pipeline_lib.data import demo
     from pipeline_lib.data.convert import convert
     from pipeline_lib.launch import processes
-    from pipeline_lib.launch.processes import TaskSpec
     from pipeline_lib.tuning.study import quiet_optuna
 
     quiet_optuna()
@@ -112,7 +110,7 @@ def run(trials: int = 4, steps: int = 2000, quick: bool = False) -> list[dict]:
         demo.write_digits_csv(raw)
         config = _config(directory, raw, trials, steps, 1, "convert")
         manifest = convert(config.data, config.output_root, config.storage_options)
-        processes.warm_fork_server(TaskSpec(ClusterInfo(), is_trainer=True, env_tf_config=False), {})  # waits
+        processes.warm_fork_server({})  # waits
         counter = iter(range(10_000))
         samples = interleaved({
             "bare": lambda: _bare_optuna(directory, raw, manifest, trials, steps, next(counter)),

@@ -34,6 +34,11 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
+try:
+    import setproctitle
+except ImportError:  # pragma: no cover - a declared dependency; without it `ps` shows the server's command line
+    setproctitle = None
+
 ENABLE_ENV = "TFDAG_FORK_SERVER"
 # The variables read while TensorFlow, its libraries or Python start: a server imported under other values cannot
 # serve this launch. Everything else (TF_CONFIG above all) is set per child.
@@ -42,6 +47,7 @@ _IMPORT_TIME_PREFIXES = ("TF_", "CUDA", "NVIDIA", "OMP_", "KMP_", "MKL", "OPENBL
 _PER_CHILD = ("TF_CONFIG",)
 _READY_TIMEOUT_S = 180.0
 _MESSAGE_MAX = 1 << 20
+_START_CWD = os.getcwd()  # the server's: `python -m` put it first on sys.path, where a child wants its own
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -230,13 +236,6 @@ def _child(request: dict, out_fd: int, keep_closed: Sequence[int], server_pid: i
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
-
-
-_START_CWD = os.getcwd()
-try:
-    import setproctitle
-except ImportError:  # pragma: no cover - a declared dependency; without it `ps` shows the server's command line
-    setproctitle = None
 
 
 def serve(control_fd: int, parent_pid: int) -> None:

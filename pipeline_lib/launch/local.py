@@ -368,8 +368,7 @@ def check_inputs(config: PipelineConfig, environ: Mapping[str, str] | None = Non
 def warm_up(config: PipelineConfig) -> None:
     """Start this process's fork server for the workers of `config` on a background thread (its TensorFlow import
     overlaps the stages before training); a failure there is left to the launch, which starts workers without it."""
-    task = TaskSpec(ClusterInfo(), is_trainer=True, env_tf_config=False)
-    threading.Thread(target=warm_fork_server, args=(task, config.for_process()[1]), name="tfdag-warm-up",
+    threading.Thread(target=warm_fork_server, args=(config.for_process()[1],), name="tfdag-warm-up",
                      daemon=True).start()
 
 

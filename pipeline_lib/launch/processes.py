@@ -166,9 +166,19 @@ def _fork(env: dict[str, str], spec_path: str) -> forkserver.ForkedProcess | Non
         return None
 
 
-def warm_fork_server(task: TaskSpec, extra_env: Mapping[str, str]) -> None:
-    """Start the fork server `start_worker(..., fork=True)` would use for `task` (no-op when it runs or is off)."""
-    env = worker_env(task, extra_env)
-    if forkserver.enabled(env):
-        with contextlib.suppress(OSError, RuntimeError):
-            forkserver.server_for(env)
+# The task of a one-process launch (no TF_CONFIG); every launch of this process shares its fork server (the server is
+# keyed by the import-time variables, which TF_CONFIG is not).
+ONE_PROCESS = TaskSpec(ClusterInfo(), is_trainer=True, env_tf_config=False)
+
+
+def warm_fork_server(extra_env: Mapping[str, str]) -> forkserver.ForkServer | None:
+    """Start (or find) the fork server `start_worker(..., fork=True)` uses for this process's launches with
+    `extra_env`, and return it; None when the fork server is off or cannot start (the launch then starts workers
+    the plain way)."""
+    env = worker_env(ONE_PROCESS, extra_env)
+    if not forkserver.enabled(env):
+        return None
+    try:
+        return forkserver.server_for(env)
+    except (OSError, RuntimeError):
+        return None

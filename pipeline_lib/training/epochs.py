@@ -40,6 +40,10 @@ def epochs_dataset(manifest: Manifest, train_config: TrainConfig, batch: int, fi
     a small epoch's whole input.
     """
 
+    # Built once by plain Python: AutoGraph (flat_map's default) would convert this and every builder it calls,
+    # about 1 s of a fresh process's first training here, for no control flow on tensors (the skip is a tf.where).
+    # The functions the builders pass to `map` are still converted, by their own trace.
+    @tf.autograph.experimental.do_not_convert
     def epoch_dataset(epoch: tf.Tensor) -> tf.data.Dataset:
         _seedable_in_trace()
         skip = tf.where(epoch == start_epoch, tf.constant(first_skip, tf.int64), tf.constant(0, tf.int64))

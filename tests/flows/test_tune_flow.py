@@ -1,8 +1,10 @@
 """`tfdag tune`, the tune-pipeline flow, end to end on the session's stack: a 10-trial digits study two trials at a
-time, with pruning; its MLflow runs and Prefect artifacts; a study killed mid-way and resumed."""
+time, with pruning; its MLflow runs and Prefect artifacts; a study killed mid-way and resumed; a Hyperband study in a
+PostgreSQL database whose best model fails the gate."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
@@ -17,6 +19,7 @@ import pytest
 import yaml
 
 from pipeline_lib.data import demo as demo_data
+from tests.postgres import postgres_bin_dir, postgres_cluster
 from tests.servers import ROOT, RunningStack
 
 STEPS = 40  # each trial's budget: evaluations at 20 and 40
@@ -235,6 +238,63 @@ def test_a_study_killed_mid_way_resumes_without_rerunning_finished_trials(tmp_pa
     trial_runs = [r for r in nested if "tfdag.tune.state" in r.data.tags]
     assert sorted(int(r.data.tags["tfdag.tune.trial"]) for r in trial_runs) == sorted(after)
     assert {r.info.status for r in trial_runs if int(r.data.tags["tfdag.tune.trial"]) in running} == {"KILLED"}
+
+
+@pytest.fixture
+def postgres_url() -> str:
+    """A throwaway PostgreSQL cluster's URL (tests/postgres.py)."""
+    bin_dir = postgres_bin_dir()
+    if bin_dir is None or importlib.util.find_spec("psycopg2") is None:
+        what = ("PostgreSQL (Debian's postgresql, .ci/install-test-deps) or psycopg2 (the dev extra) is missing: the "
+                "study on a database server cannot run")
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{what}; under CI=true a missing part fails the run")
+        pytest.skip(what)
+    with postgres_cluster(bin_dir) as url:
+        yield url
+
+
+@pytest.mark.slow
+def test_a_hyperband_study_in_postgresql_two_at_a_time_whose_best_model_fails_the_gate_exits_3(
+        tmp_path, tfdag_stack, postgres_url):
+    import optuna
+    import sqlalchemy
+
+    config = study_config(tmp_path, "digits-tune-postgres", trials=5, parallel=2, pruner="hyperband",
+                          storage=postgres_url)
+    # The learning rate as written (trial 0) and one that learns nothing in 40 steps. With seed 0 the sampler asks
+    # [0.002, 1e-7, 0.002, 1e-7, 1e-7]: trial 2 records its step-20 value before trial 4 reaches step 20 (it starts
+    # after trial 2 or 3 finished), so Hyperband's first rung (step 20) prunes trial 4 at least.
+    config["tune"]["space"] = {"train.base_learning_rate": {"choice": [0.002, 1.0e-7]}}
+    config["evaluation"]["gate"] = {"threshold": 1.5}  # no accuracy reaches it
+    path = tmp_path / "tune.yaml"
+    path.write_text(yaml.safe_dump(config))
+    process = tune_command(tfdag_stack, path)
+    output, _ = process.communicate(timeout=600)
+    assert process.returncode == 3, output[-5000:]  # as `tfdag run`: the model was not blessed
+    summary = json.loads(output.strip().splitlines()[-1])
+    assert summary["blessed"] is False and summary["model"]["blessed"] is False
+    assert summary["model"]["model_version"] is None
+    # The study lives in the database (no journal file), its trials by state as the summary counts them.
+    assert not list((tmp_path / "out").rglob("journal.log"))
+    trials = load_study(config).trials
+    states = optuna.trial.TrialState
+    by_state = {"complete": states.COMPLETE, "pruned": states.PRUNED, "failed": states.FAIL}
+    assert summary["trials"] == {name: sum(t.state == state for t in trials) for name, state in by_state.items()}
+    assert summary["trials"]["complete"] + summary["trials"]["pruned"] == 5 and summary["trials"]["failed"] == 0
+    with sqlalchemy.create_engine(postgres_url).connect() as connection:
+        assert connection.execute(sqlalchemy.text("select count(*) from trials")).scalar() == 5
+    # Two trials wrote to it at once.
+    spans = sorted((t.datetime_start, t.datetime_complete) for t in trials)
+    assert any(later_start < end for (_, end), (later_start, _) in itertools.pairwise(spans))
+    # Hyperband pruned trial 4 (the rate that learns nothing) at its first rung, before the budget.
+    assert trials[4].user_attrs["tfdag.params"]["train.base_learning_rate"] == pytest.approx(1.0e-7)
+    assert trials[4].state == states.PRUNED, [(t.number, t.state, t.intermediate_values) for t in trials]
+    assert max(trials[4].intermediate_values) == 20 < STEPS
+    for trial in (t for t in trials if t.state == states.PRUNED):
+        result = trial.user_attrs["tfdag.train_result"]
+        assert result["pruned"] and result["final_step"] == max(trial.intermediate_values)
+    assert summary["best_trial"]["params"]["train.base_learning_rate"] == pytest.approx(0.002)
 
 
 def test_the_example_study_parses_and_a_config_without_a_tune_section_is_refused_in_one_line(tmp_path):

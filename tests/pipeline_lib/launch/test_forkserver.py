@@ -12,9 +12,8 @@ import textwrap
 import psutil
 import pytest
 
-from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.launch import forkserver
-from pipeline_lib.launch.processes import TaskSpec, worker_env
+from pipeline_lib.launch.processes import warm_fork_server
 from tests.pipeline_lib.launch_support import REPO_ROOT
 
 PROBE = "tests.pipeline_lib.launch.fork_probe"
@@ -22,8 +21,10 @@ PROBE = "tests.pipeline_lib.launch.fork_probe"
 
 @pytest.fixture(scope="module")
 def server():
-    # The environment of a one-process launch from this process: the server the launches of this process share.
-    return forkserver.server_for(worker_env(TaskSpec(ClusterInfo(), is_trainer=True, env_tf_config=False), {}))
+    # The server a one-process launch from this process forks from, shared by the launches of this process.
+    server = warm_fork_server({})
+    assert server is not None
+    return server
 
 
 def _spawn(server, tmp_path, *args: str, **env: str) -> forkserver.ForkedProcess:

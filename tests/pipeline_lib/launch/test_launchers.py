@@ -44,13 +44,12 @@ def test_an_unregistered_name_names_the_registered_ones():
 
 
 def test_the_local_warm_up_starts_the_fork_server_its_launch_will_fork_from(tmp_path):
-    from pipeline_lib.cluster.info import ClusterInfo
     from pipeline_lib.launch import forkserver
-    from pipeline_lib.launch.processes import TaskSpec, worker_env
+    from pipeline_lib.launch.processes import ONE_PROCESS, worker_env
 
     config = make_config(str(tmp_path))
     launchers.warm_up(config)
-    env = worker_env(TaskSpec(ClusterInfo(), is_trainer=True, env_tf_config=False), config.for_process()[1])
+    env = worker_env(ONE_PROCESS, config.for_process()[1])
     deadline = time.monotonic() + 120
     while forkserver.server_key(env) not in forkserver._servers and time.monotonic() < deadline:
         time.sleep(0.2)
