@@ -181,6 +181,7 @@ def _uses_its_modules_fixture(item) -> bool:
     return any(defs and defs[-1].scope == "module" and defs[-1].baseid == module for defs in definitions.values())
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which turns the xdist_group marks into the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         groups = _xdist_groups(item)

@@ -64,13 +64,15 @@ class RetrainScenario:
     source: Path
     rows: tuple[str, ...]  # header first, then every digits row
     first: subprocess.CompletedProcess
+    # Recorded right after the first retrain, before any test appends rows or retrains: what the first one made
+    # (MLflow's runs of the experiment, the source's fingerprint then), so its test holds in any order.
+    first_run_ids: tuple[str, ...]
+    first_fingerprint: str
+    first_champion: str | None  # the version the champion alias named
 
     def source_fingerprint(self) -> str:
-        """The source fingerprint as the retrain flow computes it (and the manifest records it)."""
-        from pipeline_lib.config import load_config
-        from pipeline_lib.data.sources import source_fingerprint
-
-        return source_fingerprint(load_config(self.config_path).data).sha256
+        """The source fingerprint now, as the retrain flow computes it (and the manifest records it)."""
+        return _source_fingerprint(self.config_path)
 
     def append_rows(self, start: int, stop: int) -> None:
         with open(self.source, "a") as handle:
@@ -81,6 +83,13 @@ class RetrainScenario:
         payload = {"config": str(self.config_path), **(params or {})}
         return prefect_cli(self.running, "deployment", "run", "retrain/nightly", "--watch",
                            "--param", f"params={json.dumps(payload)}", *extra)
+
+
+def _source_fingerprint(config_path: Path) -> str:
+    from pipeline_lib.config import load_config
+    from pipeline_lib.data.sources import source_fingerprint
+
+    return source_fingerprint(load_config(config_path).data).sha256
 
 
 def _digits_rows() -> tuple[str, ...]:
@@ -115,7 +124,18 @@ def retrain_scenario(tfdag_stack, tmp_path_factory) -> RetrainScenario:
     payload = json.dumps({"config": str(config_path)})
     first = prefect_cli(tfdag_stack, "deployment", "run", "retrain/nightly", "--watch", "--param",
                         f"params={payload}", api_url=False)
-    return RetrainScenario(running=tfdag_stack, config_path=config_path, source=source, rows=rows, first=first)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tfdag_stack.state.mlflow_url, registry_uri=tfdag_stack.state.mlflow_url)
+    experiment = client.get_experiment_by_name("digits-retrain")
+    run_ids = tuple(r.info.run_id for r in client.search_runs([experiment.experiment_id])) if experiment else ()
+    try:
+        champion = client.get_model_version_by_alias(MODEL_NAME, "champion").version
+    except Exception:  # noqa: BLE001 - no such model or alias: the first retrain's test says what went wrong
+        champion = None
+    return RetrainScenario(running=tfdag_stack, config_path=config_path, source=source, rows=rows, first=first,
+                           first_run_ids=run_ids, first_fingerprint=_source_fingerprint(config_path),
+                           first_champion=champion)
 
 
 def worker_log_tail(running: RunningStack, num_chars: int = 6000) -> str:
