@@ -199,3 +199,13 @@ def pytest_collection_modifyitems(config, items):
         random.Random(order.removeprefix("random:")).shuffle(items)
     elif order:
         raise pytest.UsageError(f"{ORDER_ENV}={order!r}: use 'reverse' or 'random:SEED'")
+
+
+def pytest_runtest_setup(item):
+    """In an xdist process of `--dist loadgroup`, a grouped test's id carries its group (`...@ray`): that is how the
+    process tells the controller. pytest 9.2 made node ids structured and pytest-xdist 3.8's suffix silently did
+    nothing (pytest-xdist#1386): every group was spread over both processes, each making the shared fixtures."""
+    if getattr(item.config.option, "loadgroup", False) and item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+        pytest.fail(f"pytest-xdist's --dist loadgroup did not give {item.nodeid} its xdist_group "
+                    f"{item.get_closest_marker('xdist_group').args}; install the pytest and pytest-xdist of "
+                    "constraints.txt", pytrace=False)
