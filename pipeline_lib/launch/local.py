@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from typing import TypeVar
 
 from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.config import PipelineConfig
@@ -65,6 +66,8 @@ from pipeline_lib.planning.sharding import ShardPlan
 from pipeline_lib.training.results import ResizeRecord, RestartRecord, TrainResult
 
 logger = logging.getLogger(__name__)
+
+RecordT = TypeVar("RecordT", RestartRecord, ResizeRecord)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,13 +108,6 @@ def plan_tasks(config: PipelineConfig, host: str = LOOPBACK, workers: int | None
     addresses = tuple(f"{host}:{port}" for port in free_ports(workers, host))
     return [TaskSpec(ClusterInfo(task_type="worker", task_index=i, cluster={"worker": addresses}), is_trainer=True)
             for i in range(workers)]
-
-
-def num_kept_tasks(config: PipelineConfig) -> int:
-    """The tasks of every attempt besides its training workers: under parameter_server the chief (the coordinator)
-    and the servers, which an elastic run keeps whatever its worker count; none otherwise."""
-    train = config.train
-    return 1 + train.parameter_servers if train.uses_parameter_server() else 0
 
 
 def plan_attempt(spec: WorkerSpec, config: PipelineConfig, workers: int | None = None) -> list[TaskSpec]:
@@ -252,12 +248,15 @@ def launch(
         supervisor.stop_check = more_placeable
     told_restarts: set[int] = set()
     told_resizes: set[int] = set()
-    restart_told = (lambda record: on_restart(record.number, record.story)) if on_restart is not None else None
 
     def tell(resumed_step: int | None) -> None:
         """Complete the story of the latest restart and resize with where the group resumed, once each."""
-        _tell_latest(resizes, told_resizes, {"step": resumed_step}, supervisor, log_fn, on_resize)
-        _tell_latest(restarts, told_restarts, {"resumed_step": resumed_step}, supervisor, log_fn, restart_told)
+        resize = _tell_latest(resizes, told_resizes, {"step": resumed_step}, supervisor, log_fn)
+        if resize is not None and on_resize is not None:
+            on_resize(resize)
+        restart = _tell_latest(restarts, told_restarts, {"resumed_step": resumed_step}, supervisor, log_fn)
+        if restart is not None and on_restart is not None:
+            on_restart(restart.number, restart.story)
 
     attempt = 0
     try:
@@ -315,19 +314,18 @@ def launch(
         supervisor.close()
 
 
-def _tell_latest(records: list, told: set[int], update: dict, supervisor: AttemptSupervisor,
-                 log_fn: Callable[[str], None], callback: Callable | None) -> None:
-    """Complete the latest of `records` (restarts or resizes) with `update` and tell it, once: a warning, a
-    `[supervisor]` line and `callback(record)`."""
+def _tell_latest(records: list[RecordT], told: set[int], update: dict, supervisor: AttemptSupervisor,
+                 log_fn: Callable[[str], None]) -> RecordT | None:
+    """Complete the latest of `records` (restarts or resizes) with `update` and tell it, once: a warning and a
+    `[supervisor]` line. Returns the completed record when it was told now (for the caller's callback), else None."""
     if not records or records[-1].number in told:
-        return
+        return None
     record = records[-1] = records[-1].model_copy(update=update)
     told.add(record.number)
     logger.warning("%s", record.describe())
     with supervisor.log_lock:
         log_fn(f"[supervisor] {record.describe()}")
-    if callback is not None:
-        callback(record)
+    return record
 
 
 def _resize(supervisor: AttemptSupervisor, resizes: list[ResizeRecord], workers: int, cause: str, wait_s: float,

@@ -38,9 +38,10 @@ from pipeline_lib.core import storage
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.launch.errors import LaunchError, RayClusterError
 from pipeline_lib.launch.exits import describe_exit
-from pipeline_lib.launch.local import LaunchResult, launch, num_kept_tasks, plan_tasks
+from pipeline_lib.launch.local import LaunchResult, launch, plan_tasks
 from pipeline_lib.launch.processes import TAIL_LINES, TaskSpec
 from pipeline_lib.launch.protocol import DEFAULT_OPTIONS, LaunchOptions
+from pipeline_lib.launch.ray_capacity import node_fits, placeable_workers
 from pipeline_lib.launch.ray_task import TaskRunner
 from pipeline_lib.launch.spec import WorkerSpec
 from pipeline_lib.launch.supervisor import TrainProgress
@@ -156,7 +157,7 @@ def check_cluster(config: PipelineConfig, num_tasks: int) -> None:
                 f"train.ray.resources_per_worker asks each task for {name}: {amount:g}, but no node of the Ray "
                 f"cluster has that much (the most any of its {len(nodes)} node(s) has is {most:g}); lower it, or add "
                 f"nodes that have it (`ray start --resources '{{\"{name}\": {amount:g}}}'` for a custom resource)")
-    fits = [n for n in nodes if all(n.get("Resources", {}).get(k, 0.0) >= v for k, v in bundle.items())]
+    fits = [n for n in nodes if node_fits(n, bundle)]
     if ray_config.placement == RayPlacement.SPREAD and len(fits) < num_tasks:
         raise RayClusterError(
             f"train.ray.placement 'spread' puts each of the {num_tasks} task(s) on its own node, but the Ray cluster "
@@ -273,27 +274,15 @@ class RayGroup:
         self.lost_nodes: set[str] = set()  # nodes on which an actor of this run was lost
 
     def capacity(self, wait_s: float) -> int:
-        """Training workers the cluster's live nodes could hold (their total resources, as `check_cluster` counts:
-        one per fitting node under `spread`, as many bundles as fit under `pack`; a node lost in this run whose raylet
-        does not answer and the bundles every attempt keeps, a ps run's chief and servers, left out); waits up to
-        `wait_s` for train.workers."""
-        wanted, deadline = self.config.train.workers, time.monotonic() + wait_s
+        """Training workers the cluster's live nodes could hold (`ray_capacity.placeable_workers`; a node lost in this
+        run whose raylet does not answer left out); waits up to `wait_s` for train.workers."""
+        deadline = time.monotonic() + wait_s
         while True:
-            placeable = max(0, self._placeable() - num_kept_tasks(self.config))
-            if placeable >= wanted or time.monotonic() >= deadline:
-                return min(placeable, wanted)
+            nodes = [n for n in _alive_nodes() if n["NodeID"] not in self.lost_nodes or _raylet_answers(n)]
+            placeable = placeable_workers(self.config, nodes)
+            if placeable >= self.config.train.workers or time.monotonic() >= deadline:
+                return placeable
             time.sleep(1.0)
-
-    def _placeable(self) -> int:
-        ray_config = self.config.train.ray
-        bundle = ray_config.resources_per_worker
-        nodes = [n for n in _alive_nodes() if n["NodeID"] not in self.lost_nodes or _raylet_answers(n)]
-        if ray_config.placement == RayPlacement.SPREAD:
-            return sum(all(n.get("Resources", {}).get(k, 0.0) >= v for k, v in bundle.items()) for n in nodes)
-        if not bundle:  # bundles that ask for nothing always fit: every task of a full-size attempt
-            return self.config.train.workers + num_kept_tasks(self.config)
-        return sum(min(int(n.get("Resources", {}).get(k, 0.0) // v) for k, v in bundle.items() if v > 0)
-                   for n in nodes)
 
     def plan_attempt(self, workers: int | None = None) -> list[TaskSpec]:
         ray = _ray()

@@ -265,15 +265,18 @@ class AttemptSupervisor:
             time.sleep(POLL_S)
 
     def _stop_if(self, reason: str | None) -> None:
-        """Ask every task to stop at an agreed checkpoint (the preemption path) when there is a reason."""
+        """Ask the training tasks to stop at an agreed checkpoint (the preemption path) when there is a reason."""
         if not reason:
             return
         self.stopped_for = reason
         logger.warning("%s: stopping the group at an agreed checkpoint to restart it", reason)
         with self.log_lock:
             self.log_fn(f"[supervisor] {reason}: stopping the group at an agreed checkpoint to restart it")
+        # Only the tasks that run the loop can agree on a checkpoint; a parameter-server run's servers end on SIGTERM
+        # (143) before the chief saves, so they are left to the fence once the chief has left.
         for process in self.processes:
-            process.stop()
+            if process.task.is_trainer:
+                process.stop()
 
     def _kept(self, task: TaskSpec, attempt: int) -> Callable[[str], None]:
         """The task's log function: each line to `log_fn` and appended to the task's log file."""

@@ -155,59 +155,79 @@ class _RecordingGroup(LocalGroup):
 
 
 @pytest.mark.slow
-def test_parameter_server_keeps_its_server_and_shrinks_its_workers_every_example_once(tmp_path):
-    """A parameter-server run of 3 workers and 1 ps, steps of 25 examples (one worker's batch). Its worker 2's
-    process is SIGKILLed after the chief's step 7 with only 2 local "nodes" up: the group restarts from its last
-    checkpoint with the ps and 2 workers, to step 20 exactly, at the same batch and rate. The coordinator ships each
-    step's batch in the global order, so the example ids of the two attempts are that order, once each."""
+def test_parameter_server_keeps_its_server_shrinks_and_grows_back_its_workers_every_example_once(tmp_path):
+    """A parameter-server run of 3 workers and 1 ps, steps of 100 examples (one worker's batch; the plan's global
+    batch 300 cuts each epoch to 1200 records: 12 steps), 25 steps. After the chief's step 7 its process is stopped
+    (so the attempt ends there, whatever the chief's speed) and worker 2's is SIGKILLed with only 2 local "nodes" up:
+    the group restarts from ckpt-5 with the ps and 2 workers. The third node is back as soon as the shrink is told,
+    and a slow step 12 (3 s) makes sure the supervisor's check (every 3 s) sees it while the chief steps: it stops the
+    chief (not the servers, which would end before its save) at an agreed checkpoint and restarts the group with the
+    ps and 3 workers, to step 25 exactly, at the same batch and rate. The
+    coordinator ships each step's batch in the global order, so the example ids of the three attempts are that
+    order: every example of each of the two epochs (and part of a third) once."""
     import tensorflow as tf
 
     manifest = write_digits_dataset(str(tmp_path / "digits"), example_ids=True)
     config = make_config(str(tmp_path), label="target", strategy="parameter_server", workers=3, parameter_servers=1,
-                         per_replica_batch_size=25, steps=20, checkpoint_every_steps=5, log_every_steps=1,
+                         per_replica_batch_size=100, steps=25, checkpoint_every_steps=5, log_every_steps=1,
                          keep_checkpoints=10, shuffle=True, shuffle_buffer=2000, base_learning_rate=0.01,
                          max_restarts=1, elastic={"min_workers": 2, "wait_s": 1.0}, early_stopping={"enabled": False})
     plan = plan_for_train(manifest, config.train, 1)
+    assert (plan.global_batch_size, plan.steps_per_epoch) == (300, 4)
     run_dir, ids_dir, nodes = str(tmp_path / "run"), str(tmp_path / "ids"), tmp_path / "nodes"
     nodes.write_text("2")
     spec = make_spec(config, manifest, plan, run_dir)
-    group = _RecordingGroup(spec, config, {EXAMPLE_IDS_ENV: ids_dir, LOCAL_NODES_ENV: str(nodes)})
-    logs, killed = LogCapture(), []
+    group = _RecordingGroup(spec, config, {EXAMPLE_IDS_ENV: ids_dir, LOCAL_NODES_ENV: str(nodes),
+                                           FAULT_ENV: "sleep:worker=0:step=12:seconds=3"})
+    logs, killed, resized = LogCapture(), [], []
 
     def kill_worker_2(line: str) -> None:
         logs(line)
         step = re.match(r"\[chief 0\].*train \| step:\s+(\d+)", line)
         if step and int(step.group(1)) >= 7 and not killed:
             killed.append(int(step.group(1)))
+            os.kill(group.processes["chief 0"].popen.pid, signal.SIGSTOP)  # the fence kills it
             os.kill(group.processes["worker 2"].popen.pid, signal.SIGKILL)
 
-    outcome = launch(spec, config, log_fn=kill_worker_2, group=group)
+    def node_returns(record) -> None:
+        resized.append(record)
+        nodes.write_text("3")
+
+    outcome = launch(spec, config, log_fn=kill_worker_2, group=group, on_resize=node_returns)
 
     result = outcome.result
-    assert (result.strategy, result.final_step, result.total_steps) == ("parameter_server", 20, 20)
-    assert (result.global_batch_size, result.scaled_learning_rate) == (25, pytest.approx(0.01))
-    (shrink,) = result.resizes
-    assert (shrink.from_workers, shrink.to_workers) == (3, 2) and shrink.step in (5, 10)
+    assert (result.strategy, result.final_step, result.total_steps) == ("parameter_server", 25, 25)
+    assert (result.global_batch_size, result.scaled_learning_rate) == (100, pytest.approx(0.01))
+    shrink, grow = result.resizes
+    assert (shrink.from_workers, shrink.to_workers, shrink.step) == (3, 2, 5)
     assert "worker 2 killed by SIGKILL" in shrink.reason
-    assert [r.resumed_step for r in outcome.restarts] == [shrink.step]
-    assert f"[supervisor] resize 1: 3 → 2 workers at step {shrink.step}: worker 2 killed by SIGKILL" in logs.text
-    # The servers are kept: the restarted group is the chief, 2 workers and the ps.
-    assert len(group.started) == 5 + 4
-    assert set(group.started[:5]) == {"chief 0", "worker 0", "worker 1", "worker 2", "ps 0"}
-    assert set(group.started[5:]) == {"chief 0", "worker 0", "worker 1", "ps 0"}
-    assert "elastic attempt on 2 worker(s): global batch 25, 25 per replica" in logs.text
+    assert (grow.from_workers, grow.to_workers) == (2, 3) and 5 < grow.step <= 13
+    assert grow.reason == "3 of 3 workers can be placed again"
+    assert resized == list(result.resizes) == list(outcome.resizes)
+    assert [r.resumed_step for r in outcome.restarts] == [5] and outcome.num_attempts == 3  # the grow is no restart
+    assert "[supervisor] resize 1: 3 → 2 workers at step 5: worker 2 killed by SIGKILL" in logs.text
+    assert f"[supervisor] resize 2: 2 → 3 workers at step {grow.step}: 3 of 3 workers can be placed again" in logs.text
+    # The servers are kept: each attempt is the chief, its workers and the ps.
+    attempts = [group.started[:5], group.started[5:9], group.started[9:]]
+    assert [set(a) for a in attempts] == [{"chief 0", "ps 0", "worker 0", "worker 1", "worker 2"},
+                                          {"chief 0", "ps 0", "worker 0", "worker 1"},
+                                          {"chief 0", "ps 0", "worker 0", "worker 1", "worker 2"}]
+    assert "elastic attempt on 2 worker(s): global batch 100, 100 per replica" in logs.text
     positions = {r.step: r.data_position for r in manifests.list_checkpoints(os.path.join(run_dir, "checkpoints"))}
-    assert (positions[20].records, positions[20].num_workers, positions[20].global_batch) == (20 * 25, 2, 25)
+    assert (positions[grow.step].records, positions[grow.step].num_workers) == (grow.step * 100, 2)
+    assert (positions[25].records, positions[25].num_workers, positions[25].global_batch) == (25 * 100, 3, 100)
 
     # One record (the coordinator's) per attempt; each attempt trained the first batches of its record, in order.
-    fed = [read_record(record_path(ids_dir, 0, 3, 0))[:shrink.step],
-           read_record(record_path(ids_dir, 0, 2, shrink.step))[:20 - shrink.step]]
+    fed = [read_record(record_path(ids_dir, 0, 3, 0))[:5],
+           read_record(record_path(ids_dir, 0, 2, 5))[:grow.step - 5],
+           read_record(record_path(ids_dir, 0, 3, grow.step))[:25 - grow.step]]
     consumed = [i for attempt in fed for batch in attempt for i in batch]
-    assert len(consumed) == len(set(consumed)) == 20 * 25  # under one epoch (1425 records): each example once
+    assert len(consumed) == 25 * 100  # 2 epochs of 1200 records and 100 of a third
+    per_epoch = [consumed[start:start + 1200] for start in range(0, len(consumed), 1200)]
+    assert [len(set(epoch)) for epoch in per_epoch] == [1200, 1200, 100]
     tf.keras.utils.set_random_seed(config.train.seed)
-    expected = epochs.elastic_records(manifest, config.train, epoch_records=plan.steps_per_epoch * plan.global_batch_size,
-                                      start_record=0, global_batch=1, num_workers=1, worker=0, num_steps=len(consumed),
-                                      with_ids=True)
+    expected = epochs.elastic_records(manifest, config.train, epoch_records=4 * 300, start_record=0, global_batch=1,
+                                      num_workers=1, worker=0, num_steps=len(consumed), with_ids=True)
     assert consumed == [int(i) for i in expected.as_numpy_iterator()]
 
 
