@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 from pipeline_lib.checkpoints import layout, manifests, selection
 from pipeline_lib.checkpoints.records import CheckpointRecord
 from pipeline_lib.config import Direction
-from pipeline_lib.core import retry, storage
+from pipeline_lib.core import digests, retry, storage
+from pipeline_lib.core.digests import DigestAlgorithm
 from pipeline_lib.core.download import ChecksumMismatch, download_verified
 
 logger = logging.getLogger(__name__)
@@ -200,7 +201,7 @@ class CheckpointPublisher:
         for entry in manifest["files"]:
             name = entry["name"]
             target = os.path.join(local_dir, name)
-            if os.path.exists(target) and storage.sha256_local(target) == entry["sha256"]:
+            if os.path.exists(target) and digests.local_file_digest(target, DigestAlgorithm.SHA256) == entry["sha256"]:
                 continue
             try:
                 _retry(lambda name=name, target=target, digest=entry["sha256"]: download_verified(

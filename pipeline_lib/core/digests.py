@@ -15,8 +15,9 @@ from typing import Any, Protocol
 
 import blake3
 
-# Bytes read at a time when a file is streamed through a digest (as storage.CHUNK_BYTES; storage imports this).
-_READ_BYTES = 4 << 20
+# Bytes read at a time when a file is streamed: through a digest here, and by a verified download
+# (core.download), which hashes what it copies.
+CHUNK_BYTES = 4 << 20
 
 
 class DigestAlgorithm(str, enum.Enum):
@@ -49,18 +50,17 @@ def new_digest(algorithm: DigestAlgorithm | str = DigestAlgorithm.SHA256) -> Dig
 
 
 def file_digest(fs: Any, path: str, algorithm: DigestAlgorithm | str = DigestAlgorithm.SHA256) -> str:
-    """The hex digest of the file at `path` on the fsspec filesystem `fs`, streamed (never held in memory)."""
+    """The hex digest of the file at `path` on the fsspec filesystem `fs`, streamed (never held in memory).
+
+    `fs` None: `path` is local and is opened without fsspec's layer.
+    """
     digest = new_digest(algorithm)
-    with fs.open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(_READ_BYTES), b""):
+    with (open(path, "rb") if fs is None else fs.open(path, "rb")) as handle:
+        for chunk in iter(lambda: handle.read(CHUNK_BYTES), b""):
             digest.update(chunk)
     return digest.hexdigest()
 
 
 def local_file_digest(path: str, algorithm: DigestAlgorithm | str = DigestAlgorithm.SHA256) -> str:
     """The hex digest of a local file, streamed."""
-    digest = new_digest(algorithm)
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(_READ_BYTES), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_digest(None, path, algorithm)

@@ -39,8 +39,8 @@ def download_verified(fs: fsspec.AbstractFileSystem, remote_path: str, local_pat
     digest = digests.new_digest(algorithm)
     size = 0
     try:
-        with fs.open(remote_path, "rb", block_size=storage.CHUNK_BYTES) as source, open(tmp, "wb") as target:
-            for chunk in iter(lambda: source.read(storage.CHUNK_BYTES), b""):
+        with fs.open(remote_path, "rb", block_size=digests.CHUNK_BYTES) as source, open(tmp, "wb") as target:
+            for chunk in iter(lambda: source.read(digests.CHUNK_BYTES), b""):
                 digest.update(chunk)
                 target.write(chunk)
                 size += len(chunk)

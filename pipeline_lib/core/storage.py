@@ -34,8 +34,6 @@ from pipeline_lib.core.secrets import (
 
 logger = logging.getLogger(__name__)
 
-CHUNK_BYTES = 4 * 1024 * 1024
-
 
 class StorageError(TfdagError, RuntimeError):
     """A storage URI cannot be read or written; the message names the URI and the fix."""
@@ -118,12 +116,9 @@ def unstrip(fs: fsspec.AbstractFileSystem, path: str, like_uri: str) -> str:
     return f"{protocol_of(like_uri)}://{path.split('://', 1)[-1]}"
 
 
-def sha256_file(fs: fsspec.AbstractFileSystem, path: str) -> str:
-    """Stream a file through sha256 without holding it in memory."""
-    return digests.file_digest(fs, path, digests.DigestAlgorithm.SHA256)
-
-
 def sha256_local(path: str) -> str:
+    """The sha256 of a local file (training's staging checks statistics.json's cached copy with it); everything
+    else calls `digests.file_digest` or `digests.local_file_digest` with the algorithm its record names."""
     return digests.local_file_digest(path, digests.DigestAlgorithm.SHA256)
 
 

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict
 from pipeline_lib.checkpoints import manifests, publish, run_storage, selection
 from pipeline_lib.checkpoints.records import CheckpointRecord
 from pipeline_lib.config import PipelineConfig
-from pipeline_lib.core import storage
+from pipeline_lib.core import digests, storage
+from pipeline_lib.core.digests import DigestAlgorithm
 from pipeline_lib.core.errors import TfdagError
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.data.statistics import load_statistics
@@ -108,7 +109,7 @@ def _export_saved_model(model: keras.Model, manifest: Manifest, saved_model_dir:
 
 
 def _file_hashes(local_dir: str) -> dict[str, str]:
-    return {rel.replace(os.sep, "/"): storage.sha256_local(os.path.join(local_dir, rel))
+    return {rel.replace(os.sep, "/"): digests.local_file_digest(os.path.join(local_dir, rel), DigestAlgorithm.SHA256)
             for rel in storage.iter_files(local_dir) if rel != EXPORT_MANIFEST_NAME}
 
 
@@ -211,6 +212,6 @@ def verify_export(export_dir: str, storage_options: dict | None = None) -> list[
         path = storage.join(root, relative)
         if not fs.exists(path):
             problems.append(f"{relative} is missing")
-        elif storage.sha256_file(fs, path) != digest:
+        elif digests.file_digest(fs, path, DigestAlgorithm.SHA256) != digest:
             problems.append(f"{relative} does not match its sha256 in {EXPORT_MANIFEST_NAME}")
     return problems

@@ -92,7 +92,7 @@ def prepend(first: RawChunk, rest: Iterator[RawChunk]) -> Iterator[RawChunk]:
 
 
 def read_ahead(chunks: Iterator[T]) -> Iterator[T]:
-    """Read the next chunk on a helper thread while this one is encoded (Arrow and zlib release the GIL).
+    """Read the next chunk on a helper thread while this one is encoded (Arrow, zlib and ISA-L release the GIL).
 
     At most two chunks are in memory: the one being converted and the one being read. Any iterator whose items
     are never None can be read ahead so (the CSV reader reads its blocks of lines ahead of their parse).

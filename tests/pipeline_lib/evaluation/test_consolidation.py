@@ -15,7 +15,7 @@ from pipeline_lib.checkpoints import manifests
 from pipeline_lib.checkpoints.records import CheckpointRecord
 from pipeline_lib.checkpoints.store import CheckpointStore
 from pipeline_lib.config import parse_config
-from pipeline_lib.core.storage import sha256_local
+from pipeline_lib.core.digests import DigestAlgorithm, local_file_digest
 from pipeline_lib.evaluation import consolidation
 from pipeline_lib.evaluation import metrics as evaluation
 from pipeline_lib.serving import rows, signatures, tfdag_scoring
@@ -122,7 +122,7 @@ def test_export_manifest_lists_every_file_with_its_sha256(saved_run, tiny_manife
     assert payload["files"] == export.files
     assert payload["checkpoint"]["step"] == 2
     for relative, digest in export.files.items():
-        assert sha256_local(os.path.join(export.export_dir, relative)) == digest
+        assert local_file_digest(os.path.join(export.export_dir, relative), DigestAlgorithm.SHA256) == digest
     assert consolidation.verify_export(export.export_dir) == []
     # The manifest is the newest file of the export.
     manifest_mtime = os.stat(export.manifest_path).st_mtime_ns

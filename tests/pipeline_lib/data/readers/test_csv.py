@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import logging
 import random
 
+import fsspec
+import fsspec.compression
 import pytest
+from isal import igzip
 
 from pipeline_lib.config import DataConfig
 from pipeline_lib.data.convert import convert
@@ -96,3 +100,32 @@ def test_line_blocks_hold_whole_lines_and_count_them(num_lines):
         assert b"".join(block for block, _, _ in blocks) == text  # a missing last newline is added
         assert sum(size for _, _, size in blocks) == len(data)
         assert all(block.count(b"\n") == n for block, n, _ in blocks)
+
+
+def test_a_gzip_csv_inflated_by_isa_l_or_zlib_converts_as_the_plain_file_with_the_same_bad_lines(
+        tmp_path, monkeypatch, caplog):
+    """ISA-L's inflate (fsspec's "gzip" codec when `isal` is installed, a dependency) and the stdlib's zlib one
+    (fsspec's fallback without it) give the plain file's shards and bad lines; two gzip members, as `cat` makes."""
+    plain = _messy_csv(tmp_path / "messy.csv")
+    text = (tmp_path / "messy.csv").read_bytes()
+    packed = tmp_path / "messy.csv.gz"
+    packed.write_bytes(gzip.compress(text[:5000], 6) + gzip.compress(text[5000:], 1))
+    fs = fsspec.filesystem("file")
+    with fs.open(str(packed), "rb", compression="infer") as handle:
+        assert isinstance(handle, igzip.IGzipFile)
+
+    def converted(source: str, name: str):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="pipeline_lib.data.bad_records"):
+            manifest = convert(DataConfig(source=source, label="y", read_chunk_rows=50, on_bad_record="skip"),
+                               str(tmp_path / name))
+        return [(s.num_records, s.digest) for s in manifest.shards], [r.getMessage() for r in caplog.records]
+
+    expected_shards, expected_log = converted(plain, "plain")
+    assert len(expected_log) == 5
+    expected_log = [m.replace("messy.csv", "messy.csv.gz") for m in expected_log]
+    assert converted(str(packed), "isal") == (expected_shards, expected_log)
+    monkeypatch.setitem(fsspec.compression.compr, "gzip", lambda f, **kwargs: gzip.GzipFile(fileobj=f, **kwargs))
+    with fs.open(str(packed), "rb", compression="infer") as handle:
+        assert isinstance(handle, gzip.GzipFile)
+    assert converted(str(packed), "zlib") == (expected_shards, expected_log)
