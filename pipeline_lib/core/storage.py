@@ -12,7 +12,6 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
-from pipeline_lib.core import digests
 from pipeline_lib.core.errors import TfdagError, TransientError, UserError, is_transient
 from pipeline_lib.core.object_stores import (
     bucket_of,
@@ -114,12 +113,6 @@ def unstrip(fs: fsspec.AbstractFileSystem, path: str, like_uri: str) -> str:
     if is_local(like_uri):
         return path
     return f"{protocol_of(like_uri)}://{path.split('://', 1)[-1]}"
-
-
-def sha256_local(path: str) -> str:
-    """The sha256 of a local file (training's staging checks statistics.json's cached copy with it); everything
-    else calls `digests.file_digest` or `digests.local_file_digest` with the algorithm its record names."""
-    return digests.local_file_digest(path, digests.DigestAlgorithm.SHA256)
 
 
 def fsync_dir(path: str) -> None:

@@ -200,7 +200,7 @@ def _stage_statistics(manifest: Manifest, fs, root: str, local_dir: str) -> None
     if not manifest.statistics_sha256:
         return
     local_path = os.path.join(local_dir, STATISTICS_NAME)
-    if os.path.exists(local_path) and storage.sha256_local(local_path) == manifest.statistics_sha256:
+    if os.path.exists(local_path) and digests.local_file_digest(local_path, digests.DigestAlgorithm.SHA256) == manifest.statistics_sha256:
         return
     os.makedirs(local_dir, exist_ok=True)
     partial = f"{local_path}.{os.getpid()}.part"  # workers on one machine share the cache: replace atomically

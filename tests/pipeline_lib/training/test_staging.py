@@ -10,7 +10,7 @@ import fsspec
 import pytest
 
 from pipeline_lib.cluster.info import ClusterInfo
-from pipeline_lib.core import retry, storage
+from pipeline_lib.core import digests, retry, storage
 from pipeline_lib.core.digests import DigestAlgorithm
 from pipeline_lib.planning.sharding import AutoShardPolicy
 from pipeline_lib.training import input_pipeline, staging
@@ -91,7 +91,7 @@ def test_a_corrupted_cached_file_is_downloaded_again(remote, tmp_path):
         handle.write(b"\xff\xff\xff")
     again = staging.stage_files(remote, [shard.path], cache_dir=cache)
     assert again.downloaded == (shard.path,)
-    assert storage.sha256_local(path) == shard.digest  # write_dataset's manifests name no algorithm: sha256
+    assert digests.local_file_digest(path) == shard.digest  # write_dataset's manifests name no algorithm: sha256
 
 
 def test_a_remote_shard_that_does_not_match_the_manifest_is_refused(remote, tmp_path, monkeypatch):
