@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 from pipeline_lib.launch import forkserver
-from pipeline_lib.launch.processes import warm_fork_server
+from pipeline_lib.launch.processes import ONE_PROCESS, warm_fork_server, worker_env
+from pipeline_lib.training import prefork
 from tests.pipeline_lib.launch_support import REPO_ROOT
 
 PROBE = "tests.pipeline_lib.launch.fork_probe"
@@ -58,6 +59,47 @@ def test_a_killed_child_reports_the_signal_like_popen_and_shows_its_command_in_p
     os.killpg(child.pid, signal.SIGKILL)  # its own process group, as the launcher's kill
     assert child.wait(timeout=30) == -signal.SIGKILL
     assert child.poll() == -signal.SIGKILL
+
+
+def test_preparing_for_fork_starts_no_thread_and_creates_no_tensorflow_context_and_the_server_did_it(server):
+    # A fresh process (this one has TensorFlow running): the server's imports, then what it prepares before forking.
+    script = textwrap.dedent("""
+        import json, os, threading
+        from pipeline_lib.core.quiet import import_tensorflow
+        import_tensorflow()
+        import pipeline_lib.launch.worker
+        from pipeline_lib.training import prefork
+        from tensorflow.python.eager import context
+        before = len(os.listdir("/proc/self/task"))
+        prefork.prepare()
+        print(json.dumps({"before": before, "after": len(os.listdir("/proc/self/task")),
+                          "python_threads": threading.active_count(), "eager_context": context._context is not None}))
+    """)
+    # The server's environment (the threads a library starts at import can depend on it).
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+                          env=worker_env(ONE_PROCESS, {}))
+    told = json.loads(done.stdout.splitlines()[-1])
+    # Threads the imports started natively (jemalloc's among them, some of them short-lived) are there before;
+    # preparing adds none, and the server has no more than a process that only imported and prepared.
+    assert told["after"] <= told["before"] and told["python_threads"] == 1 and not told["eager_context"], told
+    assert psutil.Process(server.pid).num_threads() <= told["after"]
+
+
+def test_a_child_inherits_the_prepared_conversions_and_its_training_converts_nothing(server, tmp_path):
+    child = _spawn(server, tmp_path, "train")
+    out = child.stdout.read().decode()
+    assert child.wait(timeout=120) == 0, out
+    told = json.loads(out.splitlines()[-1])
+    assert told["eager_context"] is False
+    assert told["cached"] == [qualname for _, qualname, _ in prefork.CONVERTED]
+    assert told["final_step"] == 4 and told["evaluated"]
+    assert told["converted"] == [], f"add them to pipeline_lib.training.prefork.CONVERTED: {told['converted']}"
+
+
+def test_a_function_missing_from_its_module_names_the_table_to_update():
+    with pytest.raises(LookupError, match=r"pipeline_lib.training.step defines no function 'create_train_step"
+                                          r".<locals>.gone', listed in pipeline_lib.training.prefork.CONVERTED"):
+        prefork.find_code("pipeline_lib.training.step", "create_train_step.<locals>.gone")
 
 
 def test_the_server_is_keyed_by_what_is_fixed_at_import_time():

@@ -1,6 +1,7 @@
 """Bit-for-bit determinism with shuffling, dropout and Adam: Default in one process and 2-worker
-MultiWorkerMirrored over real processes run twice end with identical weights, and an MWMS run SIGKILLed at a step
-and resumed ends with the weights of the uninterrupted one. Equality is exact (`np.array_equal`), no tolerance."""
+MultiWorkerMirrored over real processes run twice end with identical weights, a worker forked from the fork server
+ends with the weights of a training in this process, and an MWMS run SIGKILLed at a step and resumed ends with the
+weights of the uninterrupted one. Equality is exact (`np.array_equal`), no tolerance."""
 
 from __future__ import annotations
 
@@ -80,6 +81,21 @@ def test_default_twice_in_one_process_is_bit_identical_and_the_seed_matters(tmp_
     assert_bit_identical(first, run("b", 11))
     other_seed = run("c", 12)
     assert any(not np.array_equal(first[k], other_seed[k]) for k in first)
+
+
+def test_default_forked_from_the_fork_server_is_bit_identical_to_in_process(tmp_path, dataset):
+    # The fork server converted the step functions with AutoGraph and froze its objects before forking the worker
+    # (`training.prefork`); the worker's training must not differ from one that converted its own.
+    def config(name: str):
+        return make_config(str(tmp_path / name), model=MODEL, strategy="default", per_replica_batch_size=64,
+                           **DETERMINISTIC)
+
+    in_process = training.train(config("a"), dataset, plan_for(dataset, config("a"), steps=STEPS), str(tmp_path / "a"))
+    forked = config("b")
+    spec = make_spec(forked, dataset, plan_for(dataset, forked, steps=STEPS), str(tmp_path / "b" / "run"))
+    outcome = launch(spec, forked, log_fn=LogCapture())
+    assert outcome.restarts == () and outcome.result.num_workers == 1
+    assert_bit_identical(_final(outcome.result), _final(in_process))
 
 
 def test_multi_worker_mirrored_twice_is_bit_identical(tmp_path, dataset, mwms_run):
