@@ -185,3 +185,30 @@ def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     assert sorted(a) == sorted(b), f"different variables: {sorted(set(a) ^ set(b))}"
     assert a, "no model variables found in the checkpoint"
     return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)))) for k in a)
+
+
+def assert_coordinator_fed_each_example_once(manifest: Manifest, config: PipelineConfig, ids_dir: str,
+                                             attempts: list[tuple[int, int, int]], *, epoch_records: int,
+                                             batch_size: int) -> None:
+    """A parameter-server run's coordinator fed each example of each epoch once, in the global order.
+
+    The coordinator (the chief, input pipeline 0) ships each step's batch of `batch_size` examples, so its records
+    of the attempts, each `(num_workers, start_step, end_step)` and cut to the steps it trained, are the elastic
+    stream's order (`epochs.elastic_records` from record 0): each whole epoch of `epoch_records` has every example
+    once, and the last, partial one none twice.
+    """
+    import tensorflow as tf
+
+    from pipeline_lib.testing.example_ids import read_record, record_path
+    from pipeline_lib.training import epochs
+
+    consumed = [i for workers, start, end in attempts
+                for batch in read_record(record_path(ids_dir, 0, workers, start))[:end - start] for i in batch]
+    assert len(consumed) == (attempts[-1][2] - attempts[0][1]) * batch_size
+    per_epoch = [consumed[start:start + epoch_records] for start in range(0, len(consumed), epoch_records)]
+    assert [len(set(epoch)) for epoch in per_epoch] == [len(epoch) for epoch in per_epoch]
+    assert all(len(epoch) == epoch_records for epoch in per_epoch[:-1])
+    tf.keras.utils.set_random_seed(config.train.seed)
+    expected = epochs.elastic_records(manifest, config.train, epoch_records=epoch_records, start_record=0,
+                                      global_batch=1, num_workers=1, worker=0, num_steps=len(consumed), with_ids=True)
+    assert consumed == [int(i) for i in expected.as_numpy_iterator()]

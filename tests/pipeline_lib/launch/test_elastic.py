@@ -27,6 +27,7 @@ from pipeline_lib.testing.example_ids import read_record, record_path
 from pipeline_lib.training import epochs
 from tests.pipeline_lib.launch_support import (
     LogCapture,
+    assert_coordinator_fed_each_example_once,
     assert_no_orphans,
     make_config,
     make_spec,
@@ -165,8 +166,6 @@ def test_parameter_server_keeps_its_server_shrinks_and_grows_back_its_workers_ev
     ps and 3 workers, to step 25 exactly, at the same batch and rate. The
     coordinator ships each step's batch in the global order, so the example ids of the three attempts are that
     order: every example of each of the two epochs (and part of a third) once."""
-    import tensorflow as tf
-
     manifest = write_digits_dataset(str(tmp_path / "digits"), example_ids=True)
     config = make_config(str(tmp_path), label="target", strategy="parameter_server", workers=3, parameter_servers=1,
                          per_replica_batch_size=100, steps=25, checkpoint_every_steps=5, log_every_steps=1,
@@ -217,18 +216,11 @@ def test_parameter_server_keeps_its_server_shrinks_and_grows_back_its_workers_ev
     assert (positions[grow.step].records, positions[grow.step].num_workers) == (grow.step * 100, 2)
     assert (positions[25].records, positions[25].num_workers, positions[25].global_batch) == (25 * 100, 3, 100)
 
-    # One record (the coordinator's) per attempt; each attempt trained the first batches of its record, in order.
-    fed = [read_record(record_path(ids_dir, 0, 3, 0))[:5],
-           read_record(record_path(ids_dir, 0, 2, 5))[:grow.step - 5],
-           read_record(record_path(ids_dir, 0, 3, grow.step))[:25 - grow.step]]
-    consumed = [i for attempt in fed for batch in attempt for i in batch]
-    assert len(consumed) == 25 * 100  # 2 epochs of 1200 records and 100 of a third
-    per_epoch = [consumed[start:start + 1200] for start in range(0, len(consumed), 1200)]
-    assert [len(set(epoch)) for epoch in per_epoch] == [1200, 1200, 100]
-    tf.keras.utils.set_random_seed(config.train.seed)
-    expected = epochs.elastic_records(manifest, config.train, epoch_records=4 * 300, start_record=0, global_batch=1,
-                                      num_workers=1, worker=0, num_steps=len(consumed), with_ids=True)
-    assert consumed == [int(i) for i in expected.as_numpy_iterator()]
+    # One record (the coordinator's) per attempt; each attempt trained the first batches of its record, in order:
+    # 2 epochs of 1200 records and 100 of a third.
+    assert_coordinator_fed_each_example_once(manifest, config, ids_dir, [(3, 0, 5), (2, 5, grow.step),
+                                                                         (3, grow.step, 25)],
+                                             epoch_records=4 * 300, batch_size=100)
 
 
 class _Group:
