@@ -97,7 +97,7 @@ def _lose_a_worker_node(ray_cluster, group: str, tmp_path) -> None:
     launched = outcome["launch"]
     result = launched.result
     assert (result.strategy, result.final_step, result.total_steps) == ("parameter_server", STEPS, STEPS)
-    assert result.global_batch_size == 100
+    assert (result.global_batch_size, result.num_workers) == (100, 2)
     (shrink,) = result.resizes
     assert (shrink.from_workers, shrink.to_workers, shrink.step) == (3, 2, 5) and "worker 2" in shrink.reason
     assert resized == [shrink] == list(launched.resizes)
