@@ -115,6 +115,24 @@ class RayCluster:
                 proc.kill()
         self.forget_node(node_id)
 
+    @contextlib.contextmanager
+    def nodes_of_their_own(self, group: str, count: int) -> Iterator[list[str]]:
+        """`count` new nodes that only tasks asking for the resource `group` fit on (none spare for anyone else);
+        yields their ids, a list the test may add to, and leaves the cluster as found: every node of the list
+        removed, and one whose raylet the test killed listed dead by the GCS, so no later test counts it."""
+        import ray
+
+        added = [self.add_node(f"{group}_{i}", {group: 1}) for i in range(count)]
+        try:
+            yield added
+        finally:
+            for node in added:
+                if node in self.node_of_label.values():
+                    self.remove_node(node)
+            deadline = time.monotonic() + 90
+            while any(n.get("Alive") and n["NodeID"] in added for n in ray.nodes()) and time.monotonic() < deadline:
+                time.sleep(0.5)
+
     def forget_node(self, node_id: str) -> None:
         """Drop a node a test killed: no label points at a dead node."""
         self.node_of_label = {label: node for label, node in self.node_of_label.items() if node != node_id}

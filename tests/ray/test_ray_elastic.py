@@ -31,20 +31,9 @@ DIGITS_MODEL = {"factory": "mlp", "params": {"hidden_units": [64]}}
 
 @pytest.mark.slow
 def test_a_lost_node_without_a_spare_continues_on_two_workers_and_a_new_node_is_taken_back(ray_cluster, tmp_path):
-    # Three nodes only this test's tasks fit on (a resource of their own), none spare.
     group = f"elastic_{uuid.uuid4().hex[:8]}"
-    added = [ray_cluster.add_node(f"{group}_{i}", {group: 1}) for i in range(3)]
-    try:
+    with ray_cluster.nodes_of_their_own(group, 3) as added:  # the run's tasks fit only there: none spare
         _lose_a_node_and_take_one_back(ray_cluster, group, added, tmp_path)
-    finally:  # the cluster as found: no node of this test left for the next ones to count
-        import ray
-
-        for node in added:
-            if node in ray_cluster.node_of_label.values():
-                ray_cluster.remove_node(node)
-        deadline = time.monotonic() + 90  # and the node whose raylet was killed listed dead by the GCS
-        while any(n.get("Alive") and n["NodeID"] in added for n in ray.nodes()) and time.monotonic() < deadline:
-            time.sleep(0.5)
 
 
 def _lose_a_node_and_take_one_back(ray_cluster, group: str, added: list[str], tmp_path) -> None:

@@ -32,20 +32,9 @@ NUM_TASKS = 5  # the chief, 1 ps, 3 workers
 
 @pytest.mark.slow
 def test_parameter_server_on_ray_loses_a_worker_node_and_continues_on_two_workers_with_its_ps(ray_cluster, tmp_path):
-    # Five nodes only this test's tasks fit on (a resource of their own, one task each): none spare.
     group = f"elastic_ps_{uuid.uuid4().hex[:8]}"
-    added = [ray_cluster.add_node(f"{group}_{i}", {group: 1}) for i in range(NUM_TASKS)]
-    try:
+    with ray_cluster.nodes_of_their_own(group, NUM_TASKS):  # one task each, none spare
         _lose_a_worker_node(ray_cluster, group, tmp_path)
-    finally:  # the cluster as found: no node of this test left for the next ones to count
-        import ray
-
-        for node in added:
-            if node in ray_cluster.node_of_label.values():
-                ray_cluster.remove_node(node)
-        deadline = time.monotonic() + 90  # and the node whose raylet was killed listed dead by the GCS
-        while any(n.get("Alive") and n["NodeID"] in added for n in ray.nodes()) and time.monotonic() < deadline:
-            time.sleep(0.5)
 
 
 def _lose_a_worker_node(ray_cluster, group: str, tmp_path) -> None:
