@@ -156,7 +156,7 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
     writes = BackgroundWrites()
     shards = {s: RollingShards(s, staging_dir, compression, target_bytes, durable=local_out, closer=writes.closer,
                                hasher=writes.hasher, compression_level=data.compression_level,
-                               compressor=writes.compressor)
+                               compressor=writes.compressor, device=writes.device)
               for s in SPLITS}
     try:
         for index, source_file in enumerate(files):

@@ -42,10 +42,11 @@ class RollingShards:
 
     def __init__(self, split: str, staging_dir: str, compression: str, target_bytes: int, durable: bool,
                  closer: concurrent.futures.Executor, hasher: concurrent.futures.Executor,
-                 compression_level: int = 1, compressor: concurrent.futures.Executor | None = None):
+                 compression_level: int = 1, compressor: concurrent.futures.Executor | None = None,
+                 device: concurrent.futures.Executor | None = None):
         self.split, self.compression, self.target_bytes = split, compression, max(1, target_bytes)
         self.durable, self._closer, self._hasher = durable, closer, hasher
-        self.compression_level, self._compressor = compression_level, compressor
+        self.compression_level, self._compressor, self._device = compression_level, compressor, device
         self.dir = os.path.join(staging_dir, split)
         os.makedirs(self.dir, exist_ok=True)
         self._closing: list[concurrent.futures.Future] = []
@@ -56,7 +57,8 @@ class RollingShards:
             path = os.path.join(self.dir, f"part-{len(self._closing):05d}")
             self._writer = TFRecordFileWriter(path, self.compression, durable=self.durable, hasher=self._hasher,
                                               compression_level=self.compression_level,
-                                              compressor=self._compressor, max_blocks_in_flight=_GZIP_BLOCKS_IN_FLIGHT)
+                                              compressor=self._compressor, max_blocks_in_flight=_GZIP_BLOCKS_IN_FLIGHT,
+                                              device=self._device)
         return self._writer
 
     def _finish(self, writer: TFRecordFileWriter) -> StagedShard:
@@ -116,6 +118,8 @@ class BackgroundWrites:
         self.closer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-close")
         # The digest of each written block runs here while the write thread copies the block to its file.
         self.hasher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-hash")
+        # Durable shards' full blocks go to the device here while the write thread fills the next (direct_io).
+        self.device = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-device")
         # gzip shards: their blocks are deflated here, on every core.
         self.compressor = concurrent.futures.ThreadPoolExecutor(max_workers=_GZIP_THREADS,
                                                                 thread_name_prefix="tfdag-gzip")
@@ -154,4 +158,5 @@ class BackgroundWrites:
         self._pool.shutdown(wait=True)
         self.closer.shutdown(wait=True)
         self.hasher.shutdown(wait=True)
+        self.device.shutdown(wait=True)
         self.compressor.shutdown(wait=True)

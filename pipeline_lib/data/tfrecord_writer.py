@@ -70,12 +70,14 @@ class TFRecordFileWriter:
     written after it can never name a shard that a crash left short. A durable file is written with O_DIRECT
     (`DirectFile`) unless `direct=False`: conversion never reads a shard back, so caching its pages only costs
     CPU (training's first epoch then reads from the device: 1.3 GB/s cold here, ten times what it consumes). With
-    a `hasher` executor, large writes are hashed on it beside the file write.
+    a `hasher` executor, large writes are hashed on it beside the file write; with a `device` executor, a direct
+    file's full blocks are written there while the next is filled (`DirectFile`).
     """
 
     def __init__(self, path: str, compression: str = "none", durable: bool = False, hasher: Executor | None = None,
                  direct: bool = True, compression_level: int = 1, compressor: Executor | None = None,
-                 max_blocks_in_flight: int = 4, digest: DigestAlgorithm = SHARD_DIGEST):
+                 max_blocks_in_flight: int = 4, digest: DigestAlgorithm = SHARD_DIGEST,
+                 device: Executor | None = None):
         if compression not in ("none", "gzip"):
             raise ValueError(f"compression {compression!r} is not supported; use 'none' or 'gzip'")
         self.path = path
@@ -83,7 +85,7 @@ class TFRecordFileWriter:
         self._direct = durable and direct and hasattr(os, "O_DIRECT")
         self._file: BinaryIO | DirectFile
         if self._direct:
-            self._file = DirectFile(path)
+            self._file = DirectFile(path, device)
         else:
             self._file = open(path, "wb")  # noqa: SIM115  (closed by close() or abort(); the writer outlives a with-block)
         self._hashing = _HashingWriter(self._file, digest, hasher, writeback=durable and not self._direct)

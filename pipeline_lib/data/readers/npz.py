@@ -2,15 +2,57 @@
 
 from __future__ import annotations
 
+import struct
 import zipfile
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+from isal import isal_zlib
 
 from pipeline_lib.config import DataConfig
 from pipeline_lib.data.errors import ConversionError
 from pipeline_lib.data.readers.base import RawChunk, check_columns
 from pipeline_lib.data.sources import ListedFile
+
+
+# A zip member's local header: signature, then 22 bytes of fields, then the name's and the extra field's lengths.
+_LOCAL_HEADER = struct.Struct("<4s22xHH")
+_LOCAL_SIGNATURE = b"PK\x03\x04"
+
+
+class _StoredMember:
+    """An uncompressed (ZIP_STORED, `np.savez`'s) member read straight from the file, its CRC-32 checked as it is.
+
+    What `ZipFile.open` does for such a member, with ISA-L's CRC-32 (20 GB/s here) in place of zlib's (4 GB/s):
+    the check is the same, the read of a large `.npz` costs a fifth of its CPU. `read` raises `BadZipFile` at the
+    end of a member whose bytes do not match its CRC, as `ZipExtFile` does.
+    """
+
+    def __init__(self, handle, info: zipfile.ZipInfo):
+        handle.seek(info.header_offset)
+        signature, name_length, extra_length = _LOCAL_HEADER.unpack(handle.read(_LOCAL_HEADER.size))
+        if signature != _LOCAL_SIGNATURE:
+            raise zipfile.BadZipFile(f"Bad magic number for file header of {info.filename!r}")
+        self._handle, self.name, self._crc = handle, info.filename, info.CRC
+        self._position = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+        self._left = info.file_size
+        self._running = 0
+
+    def read(self, size: int = -1) -> bytes:
+        size = self._left if size < 0 else min(size, self._left)
+        self._handle.seek(self._position)  # the file is shared with the other members' streams
+        data = self._handle.read(size)
+        if len(data) < size:
+            raise EOFError(f"{self.name!r} ends {self._left - len(data)} bytes early")
+        self._position += size
+        self._left -= size
+        self._running = isal_zlib.crc32(data, self._running)
+        if not self._left and self._running != self._crc:
+            raise zipfile.BadZipFile(f"Bad CRC-32 for file {self.name!r}")
+        return data
+
+    def close(self) -> None:
+        """Nothing to release: the reader closes the shared file."""
 
 
 class NpzReader:
@@ -34,8 +76,14 @@ class NpzReader:
     def available_columns(self) -> list[str]:
         return list(self.names)
 
+    def _open(self, member: str):
+        info = self._zip.getinfo(member)
+        if info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 0x1:  # stored, not encrypted
+            return _StoredMember(self._handle, info)
+        return self._zip.open(member)  # compressed (`np.savez_compressed`): zipfile inflates and checks it
+
     def _header(self, member: str):
-        stream = self._zip.open(member)
+        stream = self._open(member)
         version = np.lib.format.read_magic(stream)
         if version == (1, 0):
             shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
