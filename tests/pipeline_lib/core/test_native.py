@@ -115,7 +115,16 @@ def _numeric_columns(num_rows: int) -> dict[str, np.ndarray]:
     ints[rng.random(num_rows) < 0.1] = MISSING_INT64
     vectors = rng.normal(size=(num_rows, 3)).astype(np.float32)
     vectors[rng.random((num_rows, 3)) < 0.05] = np.nan
-    return {"floats": floats, "ints": ints, "vectors": vectors, "no_values": np.full(num_rows, np.nan, np.float32)}
+    columns = {"floats": floats, "ints": ints, "vectors": vectors, "no_values": np.full(num_rows, np.nan, np.float32)}
+    # Rows of 8 values or more take the C loop's per-row path; rows longer than its block of 2,048 values span blocks.
+    for width in (8, 32, 2051)[: 3 if num_rows < 100 else 2]:
+        wide = rng.normal(size=(num_rows, width)).astype(np.float32)
+        wide[rng.random((num_rows, width)) < 0.05] = np.nan
+        columns[f"vectors_{width}"] = wide
+    wide_ints = rng.integers(-1000, 1000, size=(num_rows, 8))
+    wide_ints[rng.random((num_rows, 8)) < 0.05] = MISSING_INT64
+    columns["int_vectors_8"] = wide_ints
+    return columns
 
 
 @pytest.mark.parametrize("split_kind", ["rows", "all_train", "all_eval"])
