@@ -28,7 +28,7 @@ from pipeline_lib.data.bad_records import BadRecords
 from pipeline_lib.data.coercion import Column, arrow_type, coerce
 from pipeline_lib.data.encoding import RECORD_BUFFERS
 from pipeline_lib.data.errors import ConversionError
-from pipeline_lib.data.framing import encode_tfrecords
+from pipeline_lib.data.framing import encode_tfrecord_parts
 from pipeline_lib.data.manifest import DType, Manifest, RecordLayout
 from pipeline_lib.data.missing import apply_missing, check_missing_columns, imputation
 from pipeline_lib.data.progress import ConversionMeter
@@ -42,7 +42,7 @@ from pipeline_lib.data.schema import (
     infer_types,
     select_columns,
 )
-from pipeline_lib.data.shard_writer import SPLITS, BackgroundWrites, RollingShards
+from pipeline_lib.data.shard_writer import SPLITS, WRITE_PART_BYTES, BackgroundWrites, RollingShards
 from pipeline_lib.data.sources import (
     ListedFile,
     dataset_uri_for,
@@ -259,9 +259,10 @@ def _convert_chunk(chunk: RawChunk, fmt: DataFormat, data: DataConfig, features:
     order = np.concatenate([eval_rows, np.flatnonzero(~to_eval)])
     encoded = {**{name: values[name] for name in features}, data.label: encoded_label}
     stats.layouts.add(record_layout(encoded))
-    batch = encode_tfrecords(encoded, order=order)
-    num_eval = len(eval_rows)
-    writes.submit(shards, batch, num_eval)
+    num_eval, first = len(eval_rows), 0
+    for batch in encode_tfrecord_parts(encoded, order, WRITE_PART_BYTES):
+        writes.submit(shards, batch, min(max(num_eval - first, 0), len(batch)))
+        first += len(batch)
     stats.num_rows["eval"] += num_eval
     stats.num_rows["train"] += num_rows - num_eval
 

@@ -304,8 +304,9 @@ class BufferPool:
                 del self._free[min(range(len(self._free)), key=lambda i: self._free[i].nbytes)]
 
 
-# Buffers of the batches conversion encodes: two queued for the writer and one being encoded.
-RECORD_BUFFERS = BufferPool(max_buffers=3)
+# Buffers of the batches conversion encodes: those queued for the shard writer (shard_writer._WRITES_IN_FLIGHT,
+# 4) and the one being encoded.
+RECORD_BUFFERS = BufferPool(max_buffers=5)
 
 
 @dataclass(frozen=True)

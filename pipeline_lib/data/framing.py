@@ -7,7 +7,7 @@ when it is built, and in numpy otherwise, with the same bytes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import crc32c as _crc32c
 import numpy as np
@@ -102,6 +102,33 @@ def _take(values: ColumnLike, order: np.ndarray) -> ColumnLike:
     return [values[i] for i in order.tolist()]
 
 
+def encode_tfrecord_parts(columns: Mapping[str, ColumnLike], order: np.ndarray, part_bytes: int) -> Iterator[EncodedBatch]:
+    """`encode_tfrecords(columns, order)` as consecutive batches of about `part_bytes` each (records in `order`).
+
+    Fixed-width rows are framed a part at a time, so each part can be written (and its buffer reused) while the
+    next is framed, and stays in cache between its framing, its copy and its digest; rows of varying width come
+    as one batch.
+    """
+    order = _checked_order(order, count_rows(columns))
+    num_rows = count_rows(columns)
+    if 0 < num_rows <= _FIXED_ROWS:
+        example = example_pieces(columns, num_rows)
+        if all(piece.fixed is not None for piece in example):
+            size = int(total_lengths(example, 1)[0])
+            step = max(1, part_bytes // (16 + size))
+            for start in range(0, max(len(order), 1), step):
+                yield _fixed_tfrecords(example, num_rows, size, order[start : start + step])
+            return
+    yield encode_tfrecords(columns, order)
+
+
+def _checked_order(order: np.ndarray, num_rows: int) -> np.ndarray:
+    order = np.ascontiguousarray(order, dtype=np.int64)
+    if len(order) and (int(order.min()) < 0 or int(order.max()) >= num_rows):
+        raise IndexError(f"order holds row indices outside 0..{num_rows - 1}")
+    return order
+
+
 def encode_tfrecords(columns: Mapping[str, ColumnLike], order: np.ndarray | None = None) -> EncodedBatch:
     """Like `encode_examples`, but every record framed for a TFRecord file (length, data and masked CRCs).
 
@@ -111,9 +138,7 @@ def encode_tfrecords(columns: Mapping[str, ColumnLike], order: np.ndarray | None
     """
     num_rows = count_rows(columns)
     if order is not None:
-        order = np.ascontiguousarray(order, dtype=np.int64)
-        if len(order) and (int(order.min()) < 0 or int(order.max()) >= num_rows):
-            raise IndexError(f"order holds row indices outside 0..{num_rows - 1}")
+        order = _checked_order(order, num_rows)
     if 0 < num_rows <= _FIXED_ROWS:
         # Fixed-width numeric rows (every varint the same length) need no index arrays: the whole input at once.
         example = example_pieces(columns, num_rows)

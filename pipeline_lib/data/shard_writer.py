@@ -14,8 +14,13 @@ from pipeline_lib.data.encoding import RECORD_BUFFERS, EncodedBatch
 from pipeline_lib.data.tfrecord_writer import TFRecordFileWriter
 
 SPLITS = ("train", "eval")
-# Encoded batches queued for the shard writer thread at most (one being written, one waiting).
-_WRITES_IN_FLIGHT = 2
+# A chunk's records are framed and queued for the writer in parts of about this size: a part is still in cache
+# when it is copied to the file and digested, its buffer comes back for the next part, and the writer starts on a
+# chunk's first part while the rest are framed (4 MiB parts against whole 37 MB chunks, interleaved: wide Parquet
+# 1.50 -> 1.25 s and 2.20 -> 1.88 CPU-s, .npz 0.43 -> 0.39 s).
+WRITE_PART_BYTES = 4 << 20
+# Encoded batches queued for the shard writer thread at most (one being written, the others waiting).
+_WRITES_IN_FLIGHT = 4
 # gzip: one compressing thread per core (zlib releases the GIL), and two blocks queued per thread so none idles
 # while the writer thread hands out the next.
 _GZIP_THREADS = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
@@ -108,8 +113,8 @@ class RollingShards:
 class BackgroundWrites:
     """Shard writes (file I/O, gzip and the digest all release the GIL) on one thread, up to _WRITES_IN_FLIGHT batches.
 
-    One thread keeps the records in order. A second batch queued behind the one being written lets encoding
-    run on while a write waits on the device; waiting for the oldest once the queue is full bounds memory.
+    One thread keeps the records in order. Batches queued behind the one being written let encoding run on while
+    a write waits on the device; waiting for the oldest once the queue is full bounds memory.
     """
 
     def __init__(self):

@@ -74,3 +74,23 @@ def test_fixed_width_framing_is_byte_identical_to_tf_writer(tmp_path, num_rows):
         "flag": tf.io.FixedLenFeature([], tf.int64),
     })
     assert_parsed_equal(parsed, {name: values[sample] for name, values in columns.items()})
+
+
+@pytest.mark.parametrize("part_bytes", [1, 1000, 10_000, 1 << 30])
+def test_encoding_in_parts_gives_the_records_of_one_batch_in_the_same_order(part_bytes):
+    """Conversion frames a chunk in parts of about 4 MiB: put together they are the one batch's bytes and records,
+    for fixed-width rows (split into parts; a part smaller than a record holds one record) and for rows of varying
+    width (one part)."""
+    order = np.random.default_rng(4).permutation(300)
+    for columns in ({"x": np.random.default_rng(6).normal(size=(300, 5)).astype(np.float32), "y": np.arange(300) % 3},
+                    columns_of_every_dtype(300, seed=7)):
+        whole = framing.encode_tfrecords(columns, order=order)
+        parts = list(framing.encode_tfrecord_parts(columns, order, part_bytes))
+        assert b"".join(part.view().tobytes() for part in parts) == whole.view().tobytes()
+        assert [record for part in parts for record in part.records()] == whole.records()
+        fixed = "x" in columns
+        record_bytes = whole.num_bytes(0, 1)
+        expected_parts = -(-300 // max(1, part_bytes // record_bytes)) if fixed else 1
+        assert len(parts) == expected_parts
+    with pytest.raises(IndexError, match="outside 0..299"):
+        next(framing.encode_tfrecord_parts(columns, np.array([300]), 1000))
