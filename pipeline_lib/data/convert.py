@@ -42,7 +42,12 @@ from pipeline_lib.data.schema import (
     infer_types,
     select_columns,
 )
-from pipeline_lib.data.shard_writer import SPLITS, WRITE_PART_BYTES, BackgroundWrites, RollingShards
+from pipeline_lib.data.shard_writer import (
+    SPLITS,
+    WRITE_PART_BYTES,
+    BackgroundWrites,
+    RollingShards,
+)
 from pipeline_lib.data.sources import (
     ListedFile,
     dataset_uri_for,

@@ -14,7 +14,6 @@ from pipeline_lib.data.errors import ConversionError
 from pipeline_lib.data.readers.base import RawChunk, check_columns
 from pipeline_lib.data.sources import ListedFile
 
-
 # A zip member's local header: signature, then 22 bytes of fields, then the name's and the extra field's lengths.
 _LOCAL_HEADER = struct.Struct("<4s22xHH")
 _LOCAL_SIGNATURE = b"PK\x03\x04"
