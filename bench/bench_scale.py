@@ -117,11 +117,11 @@ def run(rows: int = 10_000_000, width: int = 32, quick: bool = False, repeats: i
              bound="streaming by row group and batch: only the disk's sustained write rate changes with size."),
         case(f"conversion peak RSS at {rows:,} rows vs {small_rows:,} (MB)", rss["10x"], rss["1x"], 1 / 1.1,
              higher_is_better=False, unit="MB", baseline_name=f"peak RSS at {small_rows:,} rows",
-             bound="one decoded row group ahead and two encoded batches queued, whatever the input size."),
+             bound="one decoded row group ahead and four encoded parts of 4 MiB queued, whatever the input size."),
         case(f"conversion peak RSS, {csv_gb:.2f} GB CSV vs a tenth of it (MB)", csv_rss["10x"], csv_rss["1x"], 0.67,
              higher_is_better=False, unit="MB", baseline_name=f"peak RSS at {csv_rows // 10:,} rows",
-             bound="blocks of read_chunk_rows lines: one read ahead, one parsed, one converted, two encoded "
-                   "batches queued, whatever the file's size."),
+             bound="blocks of read_chunk_rows lines: one read ahead, one parsed, one converted, four encoded "
+                   "parts of 4 MiB queued, whatever the file's size."),
         case("create_dataset over 10,000 shards vs 8, same rows (rows/s)", [many], [few], 0.9, unit="rows/s",
              baseline_name="the same rows in 8 files",
              bound="opening a file per shard, one after the other, in tf.data's reader."),

@@ -5,7 +5,8 @@ Run with `python -m bench.profile_conversion [--case wide] [--rows N]`. Not a be
 an account of the time of one conversion, for the README's explanation of a missed target. Each phase is timed
 by wrapping the function that does it: CPU-s is `time.thread_time()` of the thread that ran the call, wall-s the
 time inside the call; phases run on several threads at once (main, read-ahead, Parquet decoder, statistics,
-shard writer, digest, gzip, shard closer), so their wall times overlap and do not add up to the conversion's.
+shard writer, device writes, digest, gzip, shard closer), so their wall times overlap and do not add up to the
+conversion's.
 The wrappers cost a few microseconds a call (a few thousand calls a conversion). CRC32C is fused into the C
 framing loop, so its share is measured apart: the CRC32C of the same shard bytes in one call, on one thread.
 Arrow's CSV parse runs on Arrow's own thread pool, which no wrapper sees: its CPU is in "the rest" (the
@@ -125,12 +126,13 @@ def instrumented(times: PhaseTimes) -> Iterator[None]:
         (convert, "coerce", times.timed("coerce", convert.coerce)),
         (convert, "split_hash", times.timed("split hash", convert.split_hash)),
         (StatisticsBuilder, "add_chunk", times.timed("statistics", StatisticsBuilder.add_chunk)),
-        (convert, "encode_tfrecords", times.timed("encode+frame+CRC32C", convert.encode_tfrecords)),
+        (convert, "encode_tfrecord_parts",
+         times.timed_generator("encode+frame+CRC32C", convert.encode_tfrecord_parts)),
         (tfrecord_writer, "new_digest", _timed_digests(times, tfrecord_writer.new_digest)),
         (parallel_gzip, "_deflate", times.timed("gzip deflate", parallel_gzip._deflate)),
-        (direct_io.DirectFile, "write", times.timed("write: copy to aligned buffer + O_DIRECT write",
+        (direct_io.DirectFile, "write", times.timed("write: copy to the aligned buffer (writer thread)",
                                                     direct_io.DirectFile.write)),
-        (direct_io.DirectFile, "_write_out", times.timed("  of which write() calls (the tail's too)",
+        (direct_io.DirectFile, "_write_out", times.timed("O_DIRECT write() calls (device thread; tails in close)",
                                                          direct_io.DirectFile._write_out)),
         (direct_io.DirectFile, "close", times.timed("shard close (tail, fsync)", direct_io.DirectFile.close)),
     ]
