@@ -10,17 +10,15 @@ from pipeline_lib.config import PipelineConfig, RayPlacement
 
 
 def num_kept_tasks(config: PipelineConfig) -> int:
-    """The tasks of every attempt besides its training workers (`local.plan_tasks`' layout): under parameter_server
-    the chief (the coordinator) and the servers, which an elastic run keeps whatever its worker count; none
-    otherwise."""
+    """The tasks of every attempt besides its training workers: under parameter_server the chief (the coordinator)
+    and the servers, which an elastic run keeps whatever its worker count; none otherwise."""
     train = config.train
     return 1 + train.parameter_servers if train.uses_parameter_server() else 0
 
 
 def node_fits(node: Mapping[str, Any], bundle: Mapping[str, float]) -> bool:
     """True when the node's total resources hold one bundle."""
-    resources = node.get("Resources", {})
-    return all(resources.get(name, 0.0) >= amount for name, amount in bundle.items())
+    return bundles_on(node, bundle) >= 1
 
 
 def bundles_on(node: Mapping[str, Any], bundle: Mapping[str, float]) -> int:

@@ -2,9 +2,9 @@
 
 TensorFlow's own file system no longer reads `s3://` (or `gs://`, `az://`, `memory://`), and every worker
 downloading every shard wastes the network, so before training each worker copies only its files to a
-local cache through fsspec, checks each against the manifest's digest (sha256 or BLAKE3, as it names), and hands tf.data a manifest whose
-`dataset_uri` is that local directory. A file already in the cache is reused once it verifies. A local
-dataset needs no staging: its files are read in place.
+local cache through fsspec, checks each against the manifest's digest (sha256 or BLAKE3, as it names), and hands
+tf.data a manifest whose `dataset_uri` is that local directory. A file already in the cache is reused once it
+verifies. A local dataset needs no staging: its files are read in place.
 """
 
 from __future__ import annotations
@@ -200,7 +200,8 @@ def _stage_statistics(manifest: Manifest, fs, root: str, local_dir: str) -> None
     if not manifest.statistics_sha256:
         return
     local_path = os.path.join(local_dir, STATISTICS_NAME)
-    if os.path.exists(local_path) and digests.local_file_digest(local_path, digests.DigestAlgorithm.SHA256) == manifest.statistics_sha256:
+    sha256 = digests.DigestAlgorithm.SHA256
+    if os.path.exists(local_path) and digests.local_file_digest(local_path, sha256) == manifest.statistics_sha256:
         return
     os.makedirs(local_dir, exist_ok=True)
     partial = f"{local_path}.{os.getpid()}.part"  # workers on one machine share the cache: replace atomically
