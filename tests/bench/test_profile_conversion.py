@@ -9,13 +9,14 @@ from pipeline_lib.data import convert, tfrecord_writer
 
 
 def test_a_parquet_profile_times_every_phase_and_restores_the_library(capsys):
-    originals = (pq.ParquetFile.read_row_group, convert.encode_tfrecords, tfrecord_writer.new_digest)
+    originals = (pq.ParquetFile.read_row_group, convert.encode_tfrecord_parts, tfrecord_writer.new_digest)
     times = profile_conversion.profile("wide", rows=3000, width=4)
     called = {phase for phase, calls in times.calls.items() if calls}
     assert {"read+decode (Parquet row groups)", "split hash", "statistics", "encode+frame+CRC32C", "digest",
-            "write: copy to aligned buffer + O_DIRECT write", "shard close (tail, fsync)"} <= called
+            "write: copy to the aligned buffer (writer thread)",
+            "O_DIRECT write() calls (device thread; tails in close)", "shard close (tail, fsync)"} <= called
     assert all(times.cpu[phase] >= 0 and times.wall[phase] > 0 for phase in called)
-    assert (pq.ParquetFile.read_row_group, convert.encode_tfrecords, tfrecord_writer.new_digest) == originals
+    assert (pq.ParquetFile.read_row_group, convert.encode_tfrecord_parts, tfrecord_writer.new_digest) == originals
     printed = capsys.readouterr().out
     assert "conversion profile: wide, 3000 rows" in printed and "digest blake3" in printed
     assert "digest alone: sha256" in printed and "digest alone: blake3" in printed
