@@ -109,24 +109,16 @@ def encode_tfrecord_parts(columns: Mapping[str, ColumnLike], order: np.ndarray, 
     next is framed, and stays in cache between its framing, its copy and its digest; rows of varying width come
     as one batch.
     """
-    order = _checked_order(order, count_rows(columns))
     num_rows = count_rows(columns)
-    if 0 < num_rows <= _FIXED_ROWS:
-        example = example_pieces(columns, num_rows)
-        if all(piece.fixed is not None for piece in example):
-            size = int(total_lengths(example, 1)[0])
-            step = max(1, part_bytes // (16 + size))
-            for start in range(0, max(len(order), 1), step):
-                yield _fixed_tfrecords(example, num_rows, size, order[start : start + step])
-            return
-    yield encode_tfrecords(columns, order)
-
-
-def _checked_order(order: np.ndarray, num_rows: int) -> np.ndarray:
-    order = np.ascontiguousarray(order, dtype=np.int64)
-    if len(order) and (int(order.min()) < 0 or int(order.max()) >= num_rows):
-        raise IndexError(f"order holds row indices outside 0..{num_rows - 1}")
-    return order
+    order = _checked_order(order, num_rows)
+    fixed = _fixed_example(columns, num_rows)
+    if fixed is None:
+        yield _variable_tfrecords(columns, order, num_rows)
+        return
+    example, size = fixed
+    step = max(1, part_bytes // (16 + size))
+    for start in range(0, max(len(order), 1), step):
+        yield _fixed_tfrecords(example, num_rows, size, order[start : start + step])
 
 
 def encode_tfrecords(columns: Mapping[str, ColumnLike], order: np.ndarray | None = None) -> EncodedBatch:
@@ -139,11 +131,32 @@ def encode_tfrecords(columns: Mapping[str, ColumnLike], order: np.ndarray | None
     num_rows = count_rows(columns)
     if order is not None:
         order = _checked_order(order, num_rows)
+    fixed = _fixed_example(columns, num_rows)
+    if fixed is not None:
+        example, size = fixed
+        return _fixed_tfrecords(example, num_rows, size, order)
+    return _variable_tfrecords(columns, order, num_rows)
+
+
+def _checked_order(order: np.ndarray, num_rows: int) -> np.ndarray:
+    order = np.ascontiguousarray(order, dtype=np.int64)
+    if len(order) and (int(order.min()) < 0 or int(order.max()) >= num_rows):
+        raise IndexError(f"order holds row indices outside 0..{num_rows - 1}")
+    return order
+
+
+def _fixed_example(columns: Mapping[str, ColumnLike], num_rows: int) -> tuple[list[Piece], int] | None:
+    """The pieces of rows that all have one width (numbers, every varint one length) and their payload size, for
+    up to _FIXED_ROWS rows, framed with no index arrays; None otherwise."""
     if 0 < num_rows <= _FIXED_ROWS:
-        # Fixed-width numeric rows (every varint the same length) need no index arrays: the whole input at once.
         example = example_pieces(columns, num_rows)
         if all(piece.fixed is not None for piece in example):
-            return _fixed_tfrecords(example, num_rows, int(total_lengths(example, 1)[0]), order)
+            return example, int(total_lengths(example, 1)[0])
+    return None
+
+
+def _variable_tfrecords(columns: Mapping[str, ColumnLike], order: np.ndarray | None, num_rows: int) -> EncodedBatch:
+    """`encode_tfrecords` for rows of varying width (or too many to frame at once), in slices of BATCH_ROWS."""
     if order is not None:
         columns = {name: _take(values, order) for name, values in columns.items()}
         num_rows = len(order)

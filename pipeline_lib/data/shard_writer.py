@@ -21,7 +21,7 @@ SPLITS = ("train", "eval")
 WRITE_PART_BYTES = 4 << 20
 # Encoded batches queued for the shard writer thread at most (one being written, the others waiting).
 _WRITES_IN_FLIGHT = 4
-# gzip: one compressing thread per core (zlib releases the GIL), and two blocks queued per thread so none idles
+# gzip: one compressing thread per core (ISA-L and zlib release the GIL), and two blocks queued per thread so none idles
 # while the writer thread hands out the next.
 _GZIP_THREADS = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 _GZIP_BLOCKS_IN_FLIGHT = 2 * _GZIP_THREADS
