@@ -67,10 +67,15 @@ class RayCluster:
     # dashboard's state API: that API stops answering, or answers stale, for a while after a test kills a node's
     # raylet, so a test reading it then would see no actor of a restart that did happen.
     def alive_actors(self, name_prefix: str = "tfdag-") -> list[Actor]:
+        return self.actors(name_prefix, "ALIVE")
+
+    def actors(self, name_prefix: str = "tfdag-", state_name: str | None = None) -> list[Actor]:
+        """The actors named with `name_prefix` in `state_name` (None: any, the dead ones too: the GCS keeps where an
+        ended actor ran)."""
         from ray._private import state
 
         return [Actor(actor_id, info["Name"], info["Address"]["NodeID"])
-                for actor_id, info in state.actors(actor_state_name="ALIVE").items()
+                for actor_id, info in state.actors(actor_state_name=state_name).items()
                 if info["Name"].startswith(name_prefix)]
 
     def live_placement_groups(self, name_prefix: str = "tfdag-") -> list[str]:

@@ -65,10 +65,12 @@ def _lose_a_node_and_take_one_back(ray_cluster, group: str, added: list[str], tm
     lost = next(a.node_id for a in ray_cluster.alive_actors() if a.name.endswith("worker 2"))
     os.kill(ray_cluster.raylet_pid(lost), signal.SIGKILL)
     ray_cluster.forget_node(lost)
-    while not resized:  # the group resumed on the 2 nodes left
+    # Capacity returns once the supervisor has settled on 2 workers, while their group starts: a node takes seconds
+    # to join, and the 2-worker group must still be stepping when the supervisor next asks for more (every 3 s).
+    while logs.first_time("[supervisor] resizing the group from 3 to 2 workers") is None:
         assert time.monotonic() < deadline and thread.is_alive(), outcome
-        time.sleep(0.5)
-    added.append(ray_cluster.add_node(f"{group}_3", {group: 1}))  # capacity returns
+        time.sleep(0.2)
+    added.append(ray_cluster.add_node(f"{group}_3", {group: 1}))
     thread.join(timeout=max(deadline - time.monotonic(), 1))
     assert not thread.is_alive(), "the launch did not end within 600 s"
     if "error" in outcome:
