@@ -74,11 +74,13 @@ static void add_block(split_sums *s, const double *x, Py_ssize_t n) {
     s->count += n;
 }
 
-/* One value `x` of a row of split `eval`, written to both splits' buffers and kept by its split's length alone. */
+/* One value `x` of a row of split `eval`, written to both splits' buffers and kept by its split's length alone; its
+   sketch key counted in keys[eval], indexed: a choice between the two arrays compiled to a branch, which the split,
+   falling at random, mispredicted (0.247 -> 0.155 s for 33 scalar columns of 2M rows). */
 #define TO_BOTH_BUFFERS(IS_PRESENT, AS_FLOAT)                                                  \
     {                                                                                          \
         const int present = (IS_PRESENT);                                                      \
-        (eval ? keys[1] : keys[0])[float_bits(AS_FLOAT) >> shift] += present;                  \
+        keys[eval][float_bits(AS_FLOAT) >> shift] += present;                                  \
         const double d = (double)x;                                                            \
         buffer[1][length[1]] = d;                                                              \
         buffer[0][length[0]] = d;                                                              \
@@ -91,7 +93,7 @@ static void add_block(split_sums *s, const double *x, Py_ssize_t n) {
    sketch key, then sum. Rows of WIDE_ROWS values or more look their split up once per row and write each value to
    that split's buffer alone (a third faster for rows of 32 floats); narrower rows write each value to both buffers
    and keep it by advancing its split's length only, with no branch on the split, which falls at random (scalars,
-   the common case, without the row and column count: a tenth faster). Either way each split's buffer holds
+   the common case, without the row and column count: 7 % faster). Either way each split's buffer holds
    its values in the same order, so the sums are the same to the bit. */
 #define WIDE_ROWS 8
 #define ADD_VALUES(TYPE, IS_PRESENT, AS_FLOAT)                                                  \
