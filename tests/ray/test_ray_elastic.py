@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from pipeline_lib.launch.ray_launcher import launch_on_ray
-from pipeline_lib.launch.spec import EXAMPLE_IDS_ENV
+from pipeline_lib.launch.spec import EXAMPLE_IDS_ENV, FAULT_ENV
 from pipeline_lib.testing.example_ids import read_record, record_path
 from tests.pipeline_lib.launch_support import (
     LogCapture,
@@ -51,8 +51,11 @@ def _lose_a_node_and_take_one_back(ray_cluster, group: str, added: list[str], tm
 
     def run() -> None:
         try:
-            outcome["launch"] = launch_on_ray(spec, config, log_fn=logs, env={EXAMPLE_IDS_ENV: ids_dir},
-                                              on_resize=resized.append)
+            # The chief pauses 6 s after step 150, once a run: on 2 workers unless the node was taken back sooner,
+            # so the 2-worker group cannot finish before the returning node is seen.
+            outcome["launch"] = launch_on_ray(spec, config, log_fn=logs, on_resize=resized.append,
+                                              env={EXAMPLE_IDS_ENV: ids_dir,
+                                                   FAULT_ENV: "sleep:worker=0:step=150:seconds=6"})
         except BaseException as error:  # noqa: BLE001 - re-raised in the test thread
             outcome["error"] = error
 
