@@ -106,3 +106,7 @@ class TrainHooks:
         """The `tf.data.Dataset` of batches one input pipeline feeds from `start_step` on, to use in its place (a
         watcher's map); the default is the dataset itself."""
         return batches
+
+    def input_done(self, iterator) -> None:
+        """Given a synchronous strategy's input iterator once the loop is done with it (finished or interrupted);
+        the default keeps nothing, so the iterator is released when the loop returns."""

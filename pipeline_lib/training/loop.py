@@ -266,11 +266,15 @@ def _run_synchronous(choice: strategies.StrategyChoice, dataset_fn: epochs.Datas
 
     agree = StopAgreement(choice, hooks)
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-    while not controller.is_done:
-        # An execution also ends with its epoch.
-        count = controller.steps_to_next(min(steps_per_execution, steps_per_epoch - controller.step % steps_per_epoch))
-        outputs = run_steps(iterator, tf.constant(count, tf.int32))
-        controller.after_execution(StepOutputs(*(values.numpy() for values in outputs)), agree)
+    try:
+        while not controller.is_done:
+            # An execution also ends with its epoch.
+            count = controller.steps_to_next(min(steps_per_execution,
+                                                 steps_per_epoch - controller.step % steps_per_epoch))
+            outputs = run_steps(iterator, tf.constant(count, tf.int32))
+            controller.after_execution(StepOutputs(*(values.numpy() for values in outputs)), agree)
+    finally:
+        hooks.input_done(iterator)
 
 
 class _OneBatch:

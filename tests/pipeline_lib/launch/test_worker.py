@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import weakref
 
 import pytest
 
@@ -29,6 +31,21 @@ from tests.pipeline_lib.launch_support import (
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     return write_dataset_on_disk(str(tmp_path_factory.mktemp("worker_data")), num_train=256, num_eval=64)
+
+
+def test_a_worker_process_keeps_its_input_iterator_to_its_exit_and_training_in_process_releases_it():
+    class Iterator:  # stands for the distributed iterator; only its lifetime matters here
+        pass
+
+    kept, released = Iterator(), Iterator()
+    WorkerHooks(heartbeat=None).input_done(kept)
+    WorkerHooks(heartbeat=None, stop=threading.Event()).input_done(released)
+    kept_ref, released_ref = weakref.ref(kept), weakref.ref(released)
+    del kept, released
+    try:
+        assert kept_ref() is not None and released_ref() is None
+    finally:
+        worker._KEPT_UNTIL_EXIT.clear()
 
 
 def test_sigterm_becomes_a_stop_request():

@@ -50,7 +50,10 @@ def _max_diff(a, b):
 
 class RecordingHooks(TrainHooks):
     def __init__(self, stop_at=None):
-        self.steps, self.stop_at = [], stop_at
+        self.steps, self.stop_at, self.inputs_done = [], stop_at, []
+
+    def input_done(self, iterator):
+        self.inputs_done.append(iterator)
 
     def on_step_end(self, step, examples, loss):
         self.steps.append((step, examples, loss))
@@ -78,6 +81,7 @@ def test_loss_falls_and_every_planned_step_runs(tmp_path, shared_manifest, strat
     assert result.global_batch_size == 32 * replicas
     assert result.final_step == plan.total_steps == result.total_steps
     assert [s for s, _, _ in hooks.steps] == list(range(1, plan.total_steps + 1))
+    assert [hasattr(i, "get_next") for i in hooks.inputs_done] == [True]  # the iterator, handed over once at the end
     assert all(examples == 32 * replicas for _, examples, _ in hooks.steps)
     losses = [loss for _, _, loss in hooks.steps]
     assert np.mean(losses[-3:]) < 0.6 * np.mean(losses[:3])
@@ -123,9 +127,11 @@ def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path, shared_manifest, 
     whole = training.train(config, shared_manifest, plan, str(tmp_path / "whole"))
 
     resumed_dir = str(tmp_path / "resumed")
+    stopping = RecordingHooks(stop_at=stop_at)
     with pytest.raises(TrainingInterrupted) as stopped:
-        training.train(config, shared_manifest, plan, resumed_dir, hooks=RecordingHooks(stop_at=stop_at))
+        training.train(config, shared_manifest, plan, resumed_dir, hooks=stopping)
     assert stopped.value.step == stop_at + (stop_at % 2)
+    assert len(stopping.inputs_done) == 1  # an interrupted loop hands its iterator over too
     hooks = RecordingHooks()
     result = training.train(config, shared_manifest, plan, resumed_dir, hooks=hooks)
     assert result.start_step == stopped.value.step
