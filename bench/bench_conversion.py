@@ -21,6 +21,9 @@ import pyarrow.parquet as pq
 
 from bench import case, interleaved
 
+# What bounds conversion's peak memory from Parquet, whatever the input size (this case and bench_scale's).
+PARQUET_MEMORY_BOUND = "one decoded row group ahead and four encoded parts of 4 MiB queued, whatever the input size."
+
 _MEMORY_PROBE = """
 import json, sys
 from pipeline_lib.data.convert import convert
@@ -319,7 +322,7 @@ def run(rows: int = 2_000_000, width: int = 32, quick: bool = False, repeats: in
         # Lower is better: ratio = RSS at 1x / RSS at 10x; ≥ 0.67 means under 1.5x growth for 10x the input.
         cases.append(case("conversion peak RSS at 10x input vs 1x (MB)", big_rss, small_rss, 0.67,
                           higher_is_better=False, unit="MB", baseline_name=f"peak RSS at {small_rows} rows",
-                          bound="one decoded row group ahead and four encoded parts of 4 MiB queued, whatever the input size."))
+                          bound=PARQUET_MEMORY_BOUND))
         return cases
     finally:
         shutil.rmtree(work, ignore_errors=True)

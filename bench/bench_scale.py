@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from bench import budget, case, interleaved
-from bench.bench_conversion import write_csv, write_source
+from bench.bench_conversion import PARQUET_MEMORY_BOUND, write_csv, write_source
 
 _PROBE = """
 import json, sys, time
@@ -117,7 +117,7 @@ def run(rows: int = 10_000_000, width: int = 32, quick: bool = False, repeats: i
              bound="streaming by row group and batch: only the disk's sustained write rate changes with size."),
         case(f"conversion peak RSS at {rows:,} rows vs {small_rows:,} (MB)", rss["10x"], rss["1x"], 1 / 1.1,
              higher_is_better=False, unit="MB", baseline_name=f"peak RSS at {small_rows:,} rows",
-             bound="one decoded row group ahead and four encoded parts of 4 MiB queued, whatever the input size."),
+             bound=PARQUET_MEMORY_BOUND),
         case(f"conversion peak RSS, {csv_gb:.2f} GB CSV vs a tenth of it (MB)", csv_rss["10x"], csv_rss["1x"], 0.67,
              higher_is_better=False, unit="MB", baseline_name=f"peak RSS at {csv_rows // 10:,} rows",
              bound="blocks of read_chunk_rows lines: one read ahead, one parsed, one converted, four encoded "
