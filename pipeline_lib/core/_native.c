@@ -391,13 +391,26 @@ static PyObject *start_writeback(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+extern int vector_statistics; /* _native_statistics.c: its AVX-512 loop for float32 values */
+
+static int cpu_has_avx512(void) {
+#ifdef TFDAG_X86
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("popcnt");
+#else
+    return 0;
+#endif
+}
+
 static PyObject *use_hardware(PyObject *self, PyObject *args) {
     int flag;
     if (!PyArg_ParseTuple(args, "p", &flag)) return NULL;
-    int before = have_sse42;
+    int before = have_sse42 || vector_statistics;
 #ifdef TFDAG_X86
     have_sse42 = flag && __builtin_cpu_supports("sse4.2");
 #endif
+    vector_statistics = flag && cpu_has_avx512();
     return PyBool_FromLong(before);
 }
 
@@ -405,7 +418,8 @@ PyObject *numeric_statistics(PyObject *self, PyObject *args); /* _native_statist
 
 static PyMethodDef methods[] = {
     {"use_hardware", use_hardware, METH_VARARGS,
-     "use_hardware(flag): use the CPU's CRC32C instruction when it has one (False: the table loop); returns the old setting"},
+     "use_hardware(flag): use the CPU's CRC32C instruction and the statistics' AVX-512 loop where it has them (False: the "
+     "portable loops); returns the old setting"},
     {"frame_rows", frame_rows, METH_VARARGS,
      "frame_rows(out, template, pieces, order): fill fixed-width records from a template and columns, then frame them"},
     {"frame_offsets", frame_offsets, METH_VARARGS, "frame_offsets(data, offsets): write the payload CRC of each record"},
@@ -427,8 +441,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     __builtin_cpu_init();
     have_sse42 = !!__builtin_cpu_supports("sse4.2");
 #endif
+    vector_statistics = cpu_has_avx512();
     PyObject *m = PyModule_Create(&module);
     if (m != NULL) PyModule_AddIntConstant(m, "hardware_crc", have_sse42);
+    if (m != NULL) PyModule_AddIntConstant(m, "vector_statistics", vector_statistics);
     /* 2: split_hash takes the column's name word and uint32 words (an extension built before takes neither). */
     if (m != NULL) PyModule_AddIntConstant(m, "split_hash_version", 2);
     return m;

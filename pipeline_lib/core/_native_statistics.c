@@ -10,7 +10,8 @@
 
    The numpy path in `pipeline_lib.data.accumulators` computes the same numbers with about ten passes over the
    values and a copy of every column per split; this reads each value once from memory (then twice more from a
-   block buffer in L1), which is what keeps statistics cheap beside the encoding.
+   block buffer in L1), which is what keeps statistics cheap beside the encoding. Float32 values on a CPU with
+   AVX-512 take a masked vector loop instead (`add_floats_512`), with no block buffers.
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -143,8 +144,120 @@ static void add_block(split_sums *s, const double *x, Py_ssize_t n) {
         add_block(&s[1], buffer[1], length[1]);                                                \
     }
 
+/* The same loop for float32 values on CPUs with AVX-512 (F, VL, DQ, BW; chosen at run time by `_native.c`, which
+   sets `vector_statistics`; `use_hardware(False)` turns it off for the tests): eight values at a time, each split's
+   sums, extremes and counts kept under its lanes' mask, with no copy into split buffers. A block's first pass sums and
+   stores each value's sketch key (0 for a missing one, taken back after) and each split's mask; the count runs over the
+   stored keys, the second pass adds the squared deviations from the block's mean under the stored masks. 0.162 ->
+   0.099 s for 32 float and one int column of 2M rows (the int column still takes the loop above); the keys are the
+   same, the sums the same up to the order of the float64 additions. */
+int vector_statistics = 0;
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#include <immintrin.h>
+#define HAVE_FLOATS_512 1
+
+/* A block's (n, mean, m2) into the split's with Chan's update, as add_block ends; and its extremes. */
+static void merge_block(split_sums *s, Py_ssize_t n, double mean, double block_m2, double low, double high) {
+    if (n == 0) return;
+    s->min = low < s->min ? low : s->min;
+    s->max = high > s->max ? high : s->max;
+    double count = (double)s->count, merged = count + (double)n, delta = mean - s->mean;
+    s->mean += delta * (double)n / merged;
+    s->m2 += block_m2 + delta * delta * count * (double)n / merged;
+    s->count += n;
+}
+
+__attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,popcnt")))
+static void add_floats_512(const float *v, Py_ssize_t num_rows, Py_ssize_t width, const uint8_t *rows, int all,
+                           int64_t *keys[2], int shift, split_sums s[2]) {
+    const Py_ssize_t n = num_rows * width;
+    uint32_t key[BLOCK];
+    uint8_t value_split[BLOCK];     /* each value's split, for rows of several values */
+    __mmask8 chosen[2][BLOCK / 8];  /* each split's present values, from the first pass to the second */
+    const __m128i key_shift = _mm_cvtsi32_si128(shift);
+    Py_ssize_t row = 0, column = 0;
+    for (Py_ssize_t start = 0; start < n; start += BLOCK) {
+        const Py_ssize_t length = start + BLOCK < n ? BLOCK : n - start;
+        const uint8_t *split = NULL; /* NULL: every value is in split `all` */
+        if (rows != NULL && width == 1) {
+            split = rows + start;
+        } else if (rows != NULL) {
+            for (Py_ssize_t j = 0; j < length;) {
+                const Py_ssize_t run = width - column < length - j ? width - column : length - j;
+                memset(value_split + j, rows[row] != 0, (size_t)run);
+                j += run;
+                column += run;
+                if (column == width) column = 0, row++;
+            }
+            split = value_split;
+        }
+        __m512d sum[2], low[2], high[2], m2[2];
+        for (int k = 0; k < 2; k++) {
+            sum[k] = m2[k] = _mm512_setzero_pd();
+            low[k] = _mm512_set1_pd(INFINITY);
+            high[k] = _mm512_set1_pd(-INFINITY);
+        }
+        Py_ssize_t count[2] = {0, 0}, num_eval = 0;
+        for (Py_ssize_t j = 0; j < length; j += 8) {
+            const __mmask8 valid = length - j >= 8 ? 0xFF : (__mmask8)((1u << (length - j)) - 1);
+            __mmask8 eval = all ? valid : 0;
+            if (split != NULL) {
+                const __m128i bytes = _mm_maskz_loadu_epi8(valid, split + j);
+                eval = (__mmask8)_mm_test_epi8_mask(bytes, bytes);
+            }
+            const __m256 f = _mm256_maskz_loadu_ps(valid, v + start + j);
+            const __m512d d = _mm512_cvtps_pd(f);
+            const __mmask8 present = _mm512_mask_cmp_pd_mask(valid, d, d, _CMP_ORD_Q);
+            const __m256i bucket = _mm256_srl_epi32(_mm256_castps_si256(f), key_shift);
+            _mm256_storeu_si256((__m256i *)(key + j), _mm256_maskz_mov_epi32(present, bucket));
+            chosen[0][j / 8] = present & ~eval;
+            chosen[1][j / 8] = present & eval;
+            num_eval += __builtin_popcount(eval);
+            for (int k = 0; k < 2; k++) {
+                const __mmask8 m = chosen[k][j / 8];
+                count[k] += __builtin_popcount(m);
+                sum[k] = _mm512_mask_add_pd(sum[k], m, sum[k], d);
+                low[k] = _mm512_mask_min_pd(low[k], m, low[k], d);
+                high[k] = _mm512_mask_max_pd(high[k], m, high[k], d);
+            }
+        }
+        if (split == NULL) {
+            int64_t *k = keys[all];
+            for (Py_ssize_t j = 0; j < length; j++) k[key[j]]++;
+        } else {
+            for (Py_ssize_t j = 0; j < length; j++) keys[split[j] != 0][key[j]]++;
+        }
+        const Py_ssize_t missing[2] = {length - num_eval - count[0], num_eval - count[1]};
+        __m512d mean[2];
+        for (int k = 0; k < 2; k++) {
+            keys[k][0] -= missing[k];
+            s[k].missing += missing[k];
+            mean[k] = _mm512_set1_pd(count[k] ? _mm512_reduce_add_pd(sum[k]) / (double)count[k] : 0.0);
+        }
+        for (Py_ssize_t j = 0; j < length; j += 8) {
+            const __mmask8 valid = length - j >= 8 ? 0xFF : (__mmask8)((1u << (length - j)) - 1);
+            const __m512d d = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(valid, v + start + j));
+            for (int k = 0; k < 2; k++) {
+                const __m512d deviation = _mm512_sub_pd(d, mean[k]);
+                m2[k] = _mm512_mask_add_pd(m2[k], chosen[k][j / 8], m2[k], _mm512_mul_pd(deviation, deviation));
+            }
+        }
+        for (int k = 0; k < 2; k++)
+            merge_block(&s[k], count[k], _mm512_cvtsd_f64(mean[k]), _mm512_reduce_add_pd(m2[k]),
+                        _mm512_reduce_min_pd(low[k]), _mm512_reduce_max_pd(high[k]));
+    }
+}
+#endif
+
 static void add_floats(const float *v, Py_ssize_t num_rows, Py_ssize_t width, const uint8_t *rows, int all,
                        int64_t *keys[2], int shift, split_sums s[2]) {
+#ifdef HAVE_FLOATS_512
+    if (vector_statistics) {
+        add_floats_512(v, num_rows, width, rows, all, keys, shift, s);
+        return;
+    }
+#endif
     ADD_VALUES(float, !isnan(x), x)
 }
 

@@ -1,4 +1,4 @@
-"""The conversion's optional C loops (`_native.c`): TFRecord payload CRCs and the split hash.
+"""The conversion's optional C loops (`_native.c`): TFRecord payload CRCs, the split hash and the statistics.
 
 `module` is the compiled extension, or None where it was not built (no compiler at install time); callers then
 take their pure-Python path, which writes the same bytes. Tests set `module = None` to exercise that path.
@@ -16,4 +16,7 @@ def describe() -> str:
     """One line for logs and benchmarks: which loops conversion runs."""
     if module is None:
         return "pure Python (the _native extension is not built)"
-    return "C (_native), " + ("hardware CRC32C" if module.hardware_crc else "table CRC32C")
+    crc = "hardware CRC32C" if module.hardware_crc else "table CRC32C"
+    # getattr: an extension built before the statistics' AVX-512 loop existed has no such constant.
+    statistics = "AVX-512 statistics" if getattr(module, "vector_statistics", 0) else "scalar statistics"
+    return f"C (_native), {crc}, {statistics}"

@@ -127,10 +127,19 @@ def _numeric_columns(num_rows: int) -> dict[str, np.ndarray]:
     return columns
 
 
+@pytest.mark.parametrize("hardware", [True, False])  # float32 values: the AVX-512 loop where the CPU has it, and not
 @pytest.mark.parametrize("split_kind", ["rows", "all_train", "all_eval"])
 @pytest.mark.parametrize("num_rows", [1, 37, 9000])
 def test_native_numeric_statistics_equal_the_numpy_path_and_numpy_itself(built, monkeypatch, split_kind,
-                                                                        num_rows):
+                                                                        num_rows, hardware):
+    previous = built.use_hardware(hardware)
+    try:
+        _statistics_equal_numpys(built, monkeypatch, split_kind, num_rows)
+    finally:
+        built.use_hardware(previous)
+
+
+def _statistics_equal_numpys(built, monkeypatch, split_kind, num_rows):
     to_eval = np.random.default_rng(1).random(num_rows) < 0.3
     split = {"rows": to_eval, "all_train": 0, "all_eval": 1}[split_kind]
     rows = {"rows": to_eval, "all_train": np.zeros(num_rows, bool), "all_eval": np.ones(num_rows, bool)}[split_kind]
