@@ -73,10 +73,10 @@ class CsvReader:
                 yield self._parse(text, num_lines, line_start, needed, stored_bytes(self.source.path, num_bytes))
                 line_start += num_lines
 
-    def _read(self, text: bytes, needed: Sequence[str], types: Mapping[str, pa.DataType], threads: bool,
+    def _read(self, text: bytes | bytearray, needed: Sequence[str], types: Mapping[str, pa.DataType], threads: bool,
               on_invalid=None) -> pa.Table:
         return pacsv.read_csv(
-            io.BytesIO(text),
+            pa.BufferReader(text),  # the block's buffer, not a copy
             read_options=pacsv.ReadOptions(column_names=self.names, use_threads=threads),
             parse_options=pacsv.ParseOptions(delimiter=self.data.csv_delimiter, invalid_row_handler=on_invalid),
             # Only an empty cell is null, and only in a typed column (a string column keeps it as ""), so a
@@ -86,7 +86,7 @@ class CsvReader:
                                                  strings_can_be_null=False),
         )
 
-    def _parse(self, text: bytes, num_lines: int, line_start: int, needed: Sequence[str],
+    def _parse(self, text: bytes | bytearray, num_lines: int, line_start: int, needed: Sequence[str],
                num_bytes: int | None) -> RawChunk:
         """One block of `num_lines` lines: the fast parse when it is exact, else the line-by-line one."""
         typed = {n: t for n, t in self._numeric_types.items() if n in needed}
@@ -114,7 +114,7 @@ class CsvReader:
                         columns={n: table.column(n).combine_chunks() for n in needed}, num_rows=table.num_rows,
                         positions_fn=lambda: line_start + np.arange(num_lines), num_bytes=num_bytes)
 
-    def _parse_lines(self, text: bytes, line_start: int, needed: Sequence[str], num_bytes: int | None) -> RawChunk:
+    def _parse_lines(self, text: bytes | bytearray, line_start: int, needed: Sequence[str], num_bytes: int | None) -> RawChunk:
         """A block parsed one-threaded as strings, its rows Arrow cannot split skipped and located by line."""
         lines = io.BytesIO(text).readlines()  # split at b"\n" only, as iterating over the file does
         invalid: list[str] = []
@@ -160,45 +160,53 @@ class CsvReader:
         return structural, lambda: positions
 
 
-def _line_blocks(handle, num_lines: int) -> Iterator[tuple[bytes, int, int]]:
+def _line_blocks(handle, num_lines: int) -> Iterator[tuple[bytearray, int, int]]:
     """(text, lines, bytes of the file) for each run of `num_lines` lines of `handle` (fewer at the end).
 
     A line ends at b"\\n", as iterating over a binary file splits it; a last line without one gets it added
-    (not counted in the file's bytes). Reads are sized by the line length seen so far, so a block is gathered
-    in a few reads, and the lines read past its end start the next one.
+    (not counted in the file's bytes). Each block is read into a buffer of its own, sized by the line length seen
+    so far, so it is gathered in a few reads and copied once (the read itself); the lines read past its end are
+    copied to the start of the next block's buffer.
     """
-    buffer = bytearray()
-    counted = 0  # newlines in buffer
+    rest = bytearray()  # the lines read past the last block's end
     bytes_per_line = 0.0
     at_end = False
+
+    def wanted(counted: int) -> int:
+        return max(_READ_BYTES if not bytes_per_line else int((num_lines - counted) * bytes_per_line * 1.02), 4096)
+
     while True:
+        fill, counted = len(rest), rest.count(b"\n")
+        block = bytearray(fill + (wanted(counted) if counted < num_lines else 0))
+        block[:fill] = rest
         while counted < num_lines and not at_end:
-            wanted = _READ_BYTES if not bytes_per_line else int((num_lines - counted) * bytes_per_line * 1.02) + 4096
-            data = handle.read(max(wanted, 4096))
-            if not data:
+            if len(block) - fill < wanted(counted):  # the estimate fell short: grow the buffer
+                block.extend(bytes(wanted(counted)))
+            with memoryview(block) as view, view[fill:] as target:
+                got = handle.readinto(target)
+            if not got:
                 at_end = True
                 break
-            counted += data.count(b"\n")
-            buffer += data
+            counted += block.count(b"\n", fill, fill + got)
+            fill += got
             if counted:
-                bytes_per_line = len(buffer) / counted
-        if not buffer:
+                bytes_per_line = fill / counted
+        del block[fill:]
+        if not block:
             return
         if at_end and counted <= num_lines:  # the rest of the file, its last line perhaps without a newline
-            cut, lines = len(buffer), counted
+            cut, lines = fill, counted
         else:
-            cut = buffer.rfind(b"\n") + 1  # the end of the last whole line read
+            cut = block.rfind(b"\n") + 1  # the end of the last whole line read
             for _ in range(counted - num_lines):  # back to the end of the block's last line
-                cut = buffer.rfind(b"\n", 0, cut - 1) + 1
+                cut = block.rfind(b"\n", 0, cut - 1) + 1
             lines = num_lines
-        with memoryview(buffer) as view:  # one copy (a slice of the bytearray would be a second)
-            text = bytes(view[:cut])
-        del buffer[:cut]
-        counted -= lines
-        num_bytes = len(text)
-        if not text.endswith(b"\n"):  # the file's last line, without its newline
-            text += b"\n"
+        rest = block[cut:]
+        del block[cut:]
+        num_bytes = cut
+        if not block.endswith(b"\n"):  # the file's last line, without its newline
+            block += b"\n"
             lines += 1
-        yield text, lines, num_bytes
-        if at_end and not buffer:
+        yield block, lines, num_bytes
+        if at_end and not rest:
             return
