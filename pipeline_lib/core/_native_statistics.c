@@ -147,10 +147,11 @@ static void add_block(split_sums *s, const double *x, Py_ssize_t n) {
 /* The same loop for float32 values on CPUs with AVX-512 (F, VL, DQ, BW; chosen at run time by `_native.c`, which
    sets `vector_statistics`; `use_hardware(False)` turns it off for the tests): eight values at a time, each split's
    sums, extremes and counts kept under its lanes' mask, with no copy into split buffers. A block's first pass sums and
-   stores each value's sketch key (0 for a missing one, taken back after) and each split's mask; the count runs over the
-   stored keys, the second pass adds the squared deviations from the block's mean under the stored masks. 0.162 ->
-   0.099 s for 32 float and one int column of 2M rows (the int column still takes the loop above); the keys are the
-   same, the sums the same up to the order of the float64 additions. */
+   stores, per value, the address of its sketch counter (its key in its split's table, key 0 for a missing value, taken
+   back after) and each split's mask; the count is then one increment per stored address, with no split to look up
+   (0.096 -> 0.082 s against counting by key and split); the second pass adds the squared deviations from the block's
+   mean under the stored masks. 0.162 -> 0.082 s for 32 float and one int column of 2M rows (the int column still
+   takes the loop above); the keys are the same, the sums the same up to the order of the float64 additions. */
 int vector_statistics = 0;
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
@@ -172,10 +173,12 @@ __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,popcnt")))
 static void add_floats_512(const float *v, Py_ssize_t num_rows, Py_ssize_t width, const uint8_t *rows, int all,
                            int64_t *keys[2], int shift, split_sums s[2]) {
     const Py_ssize_t n = num_rows * width;
-    uint32_t key[BLOCK];
+    int64_t *counter[BLOCK];        /* each value's sketch counter: the address of its key in its split's table */
     uint8_t value_split[BLOCK];     /* each value's split, for rows of several values */
     __mmask8 chosen[2][BLOCK / 8];  /* each split's present values, from the first pass to the second */
     const __m128i key_shift = _mm_cvtsi32_si128(shift);
+    const __m512i table[2] = {_mm512_set1_epi64((long long)(intptr_t)keys[0]),
+                              _mm512_set1_epi64((long long)(intptr_t)keys[1])};
     Py_ssize_t row = 0, column = 0;
     for (Py_ssize_t start = 0; start < n; start += BLOCK) {
         const Py_ssize_t length = start + BLOCK < n ? BLOCK : n - start;
@@ -210,7 +213,9 @@ static void add_floats_512(const float *v, Py_ssize_t num_rows, Py_ssize_t width
             const __m512d d = _mm512_cvtps_pd(f);
             const __mmask8 present = _mm512_mask_cmp_pd_mask(valid, d, d, _CMP_ORD_Q);
             const __m256i bucket = _mm256_srl_epi32(_mm256_castps_si256(f), key_shift);
-            _mm256_storeu_si256((__m256i *)(key + j), _mm256_maskz_mov_epi32(present, bucket));
+            const __m512i offset = _mm512_slli_epi64(_mm512_cvtepu32_epi64(_mm256_maskz_mov_epi32(present, bucket)), 3);
+            _mm512_storeu_si512((void *)(counter + j),
+                                _mm512_add_epi64(_mm512_mask_blend_epi64(eval, table[0], table[1]), offset));
             chosen[0][j / 8] = present & ~eval;
             chosen[1][j / 8] = present & eval;
             num_eval += __builtin_popcount(eval);
@@ -222,12 +227,7 @@ static void add_floats_512(const float *v, Py_ssize_t num_rows, Py_ssize_t width
                 high[k] = _mm512_mask_max_pd(high[k], m, high[k], d);
             }
         }
-        if (split == NULL) {
-            int64_t *k = keys[all];
-            for (Py_ssize_t j = 0; j < length; j++) k[key[j]]++;
-        } else {
-            for (Py_ssize_t j = 0; j < length; j++) keys[split[j] != 0][key[j]]++;
-        }
+        for (Py_ssize_t j = 0; j < length; j++) ++*counter[j];
         const Py_ssize_t missing[2] = {length - num_eval - count[0], num_eval - count[1]};
         __m512d mean[2];
         for (int k = 0; k < 2; k++) {
