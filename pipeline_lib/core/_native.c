@@ -391,26 +391,16 @@ static PyObject *start_writeback(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-extern int vector_statistics; /* _native_statistics.c: its AVX-512 loop for float32 values */
-
-static int cpu_has_avx512(void) {
-#ifdef TFDAG_X86
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("popcnt");
-#else
-    return 0;
-#endif
-}
+int use_vector_statistics(int flag); /* _native_statistics.c: its AVX-512 loop for float32 values, where built */
 
 static PyObject *use_hardware(PyObject *self, PyObject *args) {
     int flag;
     if (!PyArg_ParseTuple(args, "p", &flag)) return NULL;
-    int before = have_sse42 || vector_statistics;
+    int before = have_sse42 || use_vector_statistics(-1);
 #ifdef TFDAG_X86
     have_sse42 = flag && __builtin_cpu_supports("sse4.2");
 #endif
-    vector_statistics = flag && cpu_has_avx512();
+    use_vector_statistics(flag);
     return PyBool_FromLong(before);
 }
 
@@ -441,7 +431,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     __builtin_cpu_init();
     have_sse42 = !!__builtin_cpu_supports("sse4.2");
 #endif
-    vector_statistics = cpu_has_avx512();
+    const int vector_statistics = use_vector_statistics(1);
     PyObject *m = PyModule_Create(&module);
     if (m != NULL) PyModule_AddIntConstant(m, "hardware_crc", have_sse42);
     if (m != NULL) PyModule_AddIntConstant(m, "vector_statistics", vector_statistics);
