@@ -391,20 +391,22 @@ static PyObject *start_writeback(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-int use_vector_statistics(int flag); /* _native_statistics.c: its AVX-512 loop for float32 values, where built */
+/* _native_statistics.c: its AVX-512 loop for float32 values, where built and the CPU has it */
+void choose_vector_statistics(int on);
+int vector_statistics_on(void);
+PyObject *statistics_loop(PyObject *self, PyObject *unused);
+PyObject *numeric_statistics(PyObject *self, PyObject *args);
 
 static PyObject *use_hardware(PyObject *self, PyObject *args) {
     int flag;
     if (!PyArg_ParseTuple(args, "p", &flag)) return NULL;
-    int before = have_sse42 || use_vector_statistics(-1);
+    int before = have_sse42 || vector_statistics_on();
 #ifdef TFDAG_X86
     have_sse42 = flag && __builtin_cpu_supports("sse4.2");
 #endif
-    use_vector_statistics(flag);
+    choose_vector_statistics(flag);
     return PyBool_FromLong(before);
 }
-
-PyObject *numeric_statistics(PyObject *self, PyObject *args); /* _native_statistics.c */
 
 static PyMethodDef methods[] = {
     {"use_hardware", use_hardware, METH_VARARGS,
@@ -418,6 +420,8 @@ static PyMethodDef methods[] = {
     {"start_writeback", start_writeback, METH_VARARGS,
      "start_writeback(fd, offset, nbytes): start writing a byte range of a file to its device (no wait)"},
     {"crc32c", crc32c_value, METH_VARARGS, "crc32c(data): the (unmasked) CRC32C of a buffer"},
+    {"statistics_loop", statistics_loop, METH_NOARGS,
+     "statistics_loop(): the loop numeric_statistics runs for float32 values now, 'AVX-512' or 'portable'"},
     {"numeric_statistics", numeric_statistics, METH_VARARGS,
      "numeric_statistics(values, split, train_keys, eval_keys, shift): per split (count, missing, mean, m2, min, max)"},
     {NULL, NULL, 0, NULL},
@@ -431,10 +435,9 @@ PyMODINIT_FUNC PyInit__native(void) {
     __builtin_cpu_init();
     have_sse42 = !!__builtin_cpu_supports("sse4.2");
 #endif
-    const int vector_statistics = use_vector_statistics(1);
+    choose_vector_statistics(1);
     PyObject *m = PyModule_Create(&module);
     if (m != NULL) PyModule_AddIntConstant(m, "hardware_crc", have_sse42);
-    if (m != NULL) PyModule_AddIntConstant(m, "vector_statistics", vector_statistics);
     /* 2: split_hash takes the column's name word and uint32 words (an extension built before takes neither). */
     if (m != NULL) PyModule_AddIntConstant(m, "split_hash_version", 2);
     return m;

@@ -17,6 +17,6 @@ def describe() -> str:
     if module is None:
         return "pure Python (the _native extension is not built)"
     crc = "hardware CRC32C" if module.hardware_crc else "table CRC32C"
-    # getattr: an extension built before the statistics' AVX-512 loop existed has no such constant.
-    statistics = "AVX-512 statistics" if getattr(module, "vector_statistics", 0) else "scalar statistics"
+    loop = getattr(module, "statistics_loop", None)  # None: an extension built before it (not reinstalled yet)
+    statistics = f"{loop() if loop else 'portable'} statistics"
     return f"C (_native), {crc}, {statistics}"

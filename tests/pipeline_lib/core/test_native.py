@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import platform
+import subprocess
+import sysconfig
 
 import crc32c
 import numpy as np
@@ -116,6 +119,10 @@ def _numeric_columns(num_rows: int) -> dict[str, np.ndarray]:
     vectors = rng.normal(size=(num_rows, 3)).astype(np.float32)
     vectors[rng.random((num_rows, 3)) < 0.05] = np.nan
     columns = {"floats": floats, "ints": ints, "vectors": vectors, "no_values": np.full(num_rows, np.nan, np.float32)}
+    # Far from 0, and a jump after the first third: the AVX-512 loop sums deviations from the mean so far.
+    columns["far_from_zero"] = (1e4 + rng.normal(size=num_rows) * 1e-2).astype(np.float32)
+    columns["jump"] = (np.where(np.arange(num_rows) < num_rows // 3, 1e6, 0.0)
+                       + rng.normal(size=num_rows) * 1e-3).astype(np.float32)
     # Rows of 8 values or more take the C loop's per-row path; rows longer than its block of 2,048 values span blocks.
     for width in (8, 32, 2051)[: 3 if num_rows < 100 else 2]:
         wide = rng.normal(size=(num_rows, width)).astype(np.float32)
@@ -134,9 +141,20 @@ def test_native_numeric_statistics_equal_the_numpy_path_and_numpy_itself(built, 
                                                                         num_rows, hardware):
     previous = built.use_hardware(hardware)
     try:
+        assert built.statistics_loop() == ("AVX-512" if hardware and _vector_statistics_can_run() else "portable")
         _statistics_equal_numpys(built, monkeypatch, split_kind, num_rows)
     finally:
         built.use_hardware(previous)
+
+
+def _vector_statistics_can_run() -> bool:
+    """Whether the statistics' AVX-512 loop should run here: built by GCC 12 or later on x86-64, and the CPU has it."""
+    if platform.machine() != "x86_64" or sysconfig.get_config_var("CC").split()[0] != "gcc":
+        return False
+    version = subprocess.run(["gcc", "-dumpversion"], capture_output=True, text=True, check=True).stdout
+    with open("/proc/cpuinfo") as cpuinfo:
+        flags = next(line for line in cpuinfo if line.startswith("flags")).split()
+    return int(version.split(".")[0]) >= 12 and {"avx512f", "avx512vl", "avx512dq", "avx512bw", "popcnt"} <= set(flags)
 
 
 def _statistics_equal_numpys(built, monkeypatch, split_kind, num_rows):
