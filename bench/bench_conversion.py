@@ -177,9 +177,10 @@ def run(rows: int = 2_000_000, width: int = 32, quick: bool = False, repeats: in
     """Every case timed `repeats` times, interleaved (each conversion, then its baselines, in turn) so that load
     from other processes hits every side alike; medians and min-max are recorded. The statistics case's two sides,
     a few percent apart, run back to back: on this VM one conversion's time varies by 10-35 % between runs, and the
-    same code measured 0.84 and 1.02 in two sittings of five rounds with the direct write between the sides. One
-    warm-up of each path first, so imports and one-time initialisation (pyarrow's lazy modules) are timed for
-    neither side. Every timed step starts after `os.sync()`, so none pays for the dirty pages of the one before.
+    same code measured 0.84 and 1.02 in two sittings (five and seven rounds) with the direct write between the
+    sides. One warm-up of each path first, so imports and one-time initialisation (pyarrow's lazy modules) are
+    timed for neither side. Every timed step starts after `os.sync()`, so none pays for the dirty pages of the one
+    before.
 
     Conversion runs from four sources: Parquet with `x` a fixed-size list column and NumPy .npz (`x` a 2-D
     array), which give the same shard bytes; a wide Parquet table (`x0`..`x31` float32 columns, 33 scalar
