@@ -4,10 +4,10 @@ statistics, encode with framing and CRC32C, digest, gzip, write), CPU-seconds an
 Run with `python -m bench.profile_conversion [--case wide] [--rows N]`. Not a benchmark (nothing is compared):
 an account of the time of one conversion, for the README's explanation of a missed target. Each phase is timed
 by wrapping the function that does it: CPU-s is `time.thread_time()` of the thread that ran the call, wall-s the
-time inside the call; phases run on several threads at once (main, read-ahead, Parquet decoder, statistics,
+time inside the call, each less the phases timed inside that call (a shard's close writes its tail: the write
+counts once, as a write). Phases run on several threads at once (main, read-ahead, Parquet decoder, statistics,
 shard writer, device writes, digest, gzip, shard closer), so their wall times overlap and do not add up to the
-conversion's.
-The wrappers cost a few microseconds a call (a few thousand calls a conversion). CRC32C is fused into the C
+conversion's. The wrappers cost a few microseconds a call (a few thousand calls a conversion). CRC32C is fused into the C
 framing loop, so its share is measured apart: the CRC32C of the same shard bytes in one call, on one thread.
 Arrow's CSV parse runs on Arrow's own thread pool, which no wrapper sees: its CPU is in "the rest" (the
 process's CPU-s less every phase's). The digest of the same bytes by each algorithm is timed last, alone.
@@ -39,6 +39,7 @@ class PhaseTimes:
         self.wall: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self._lock = threading.Lock()
+        self._local = threading.local()
 
     def add(self, phase: str, cpu: float, wall: float) -> None:
         with self._lock:
@@ -52,16 +53,28 @@ class PhaseTimes:
         self.wall.setdefault(phase, 0.0)
         self.calls.setdefault(phase, 0)
 
+    def measured(self, phase: str, fn: Callable, *args, **kwargs):
+        """`fn(*args, **kwargs)` timed as `phase`, less the phases timed inside it on the same thread, so that each
+        moment counts once (a shard's close writes its tail: that write counts as a write, not as the close)."""
+        nested = self._local.__dict__.setdefault("nested", [])
+        nested.append([0.0, 0.0])  # CPU-s and wall-s of the phases timed inside this call
+        cpu, wall = time.thread_time(), time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+            inner_cpu, inner_wall = nested.pop()
+            if nested:
+                nested[-1][0] += cpu
+                nested[-1][1] += wall
+            self.add(phase, cpu - inner_cpu, wall - inner_wall)
+
     def timed(self, phase: str, fn: Callable) -> Callable:
         self.register(phase)
 
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            cpu, wall = time.thread_time(), time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.add(phase, time.thread_time() - cpu, time.perf_counter() - wall)
+            return self.measured(phase, fn, *args, **kwargs)
         return call
 
     def timed_generator(self, phase: str, fn: Callable[..., Iterator]) -> Callable[..., Iterator]:
@@ -73,13 +86,10 @@ class PhaseTimes:
             items = fn(*args, **kwargs)
             try:
                 while True:
-                    cpu, wall = time.thread_time(), time.perf_counter()
                     try:
-                        item = next(items)
+                        item = self.measured(phase, next, items)
                     except StopIteration:
                         return
-                    finally:
-                        self.add(phase, time.thread_time() - cpu, time.perf_counter() - wall)
                     yield item
             finally:
                 items.close()
@@ -93,9 +103,7 @@ class _TimedDigest:
         self._digest, self._times = digest, times
 
     def update(self, data) -> None:  # timed here: hash objects' methods cannot be replaced
-        cpu, wall = time.thread_time(), time.perf_counter()
-        self._digest.update(data)
-        self._times.add("digest", time.thread_time() - cpu, time.perf_counter() - wall)
+        self._times.measured("digest", self._digest.update, data)
 
     def hexdigest(self) -> str:
         return self._digest.hexdigest()
@@ -132,9 +140,9 @@ def instrumented(times: PhaseTimes) -> Iterator[None]:
         (parallel_gzip, "_deflate", times.timed("gzip deflate", parallel_gzip._deflate)),
         (direct_io.DirectFile, "write", times.timed("write: copy to the aligned buffer (writer thread)",
                                                     direct_io.DirectFile.write)),
-        (direct_io.DirectFile, "_write_out", times.timed("O_DIRECT write() calls (device thread; tails in close)",
+        (direct_io.DirectFile, "_write_out", times.timed("O_DIRECT write() calls (device thread, shards' tails)",
                                                          direct_io.DirectFile._write_out)),
-        (direct_io.DirectFile, "close", times.timed("shard close (tail, fsync)", direct_io.DirectFile.close)),
+        (direct_io.DirectFile, "close", times.timed("shard close (fsync)", direct_io.DirectFile.close)),
     ]
     saved = [(owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name))
              for owner, name, _ in patches]

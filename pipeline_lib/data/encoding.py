@@ -304,9 +304,10 @@ class BufferPool:
                 del self._free[min(range(len(self._free)), key=lambda i: self._free[i].nbytes)]
 
 
-# Buffers of the batches conversion encodes: those queued for the shard writer (shard_writer._WRITES_IN_FLIGHT,
-# 4) and the one being encoded.
-RECORD_BUFFERS = BufferPool(max_buffers=5)
+# Encoded batches queued for the shard writer thread at most (one being written, the others waiting).
+WRITES_IN_FLIGHT = 4
+# Buffers of the batches conversion encodes: those queued for the shard writer and the one being encoded.
+RECORD_BUFFERS = BufferPool(max_buffers=WRITES_IN_FLIGHT + 1)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline_lib.data.encoding import RECORD_BUFFERS, EncodedBatch
+from pipeline_lib.data.encoding import RECORD_BUFFERS, WRITES_IN_FLIGHT, EncodedBatch
 from pipeline_lib.data.tfrecord_writer import TFRecordFileWriter
 
 SPLITS = ("train", "eval")
@@ -19,8 +19,6 @@ SPLITS = ("train", "eval")
 # chunk's first part while the rest are framed (4 MiB parts against whole 37 MB chunks, interleaved: wide Parquet
 # 1.50 -> 1.25 s and 2.20 -> 1.88 CPU-s, .npz 0.43 -> 0.39 s).
 WRITE_PART_BYTES = 4 << 20
-# Encoded batches queued for the shard writer thread at most (one being written, the others waiting).
-_WRITES_IN_FLIGHT = 4
 # gzip: one compressing thread per core (ISA-L and zlib release the GIL), and two blocks queued per thread so none idles
 # while the writer thread hands out the next.
 _GZIP_THREADS = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
@@ -111,7 +109,7 @@ class RollingShards:
 
 
 class BackgroundWrites:
-    """Shard writes (file I/O, gzip and the digest all release the GIL) on one thread, up to _WRITES_IN_FLIGHT batches.
+    """Shard writes (file I/O, gzip and the digest all release the GIL) on one thread, up to WRITES_IN_FLIGHT batches.
 
     One thread keeps the records in order. Batches queued behind the one being written let encoding run on while
     a write waits on the device; waiting for the oldest once the queue is full bounds memory.
@@ -137,7 +135,7 @@ class BackgroundWrites:
             parts.append((shards["eval"], batch.rows(0, num_eval)))
         if num_eval < len(batch):
             parts.append((shards["train"], batch.rows(num_eval, len(batch))))
-        while len(self._pending) >= _WRITES_IN_FLIGHT:
+        while len(self._pending) >= WRITES_IN_FLIGHT:
             self._pending.popleft().result()
         self._pending.append(self._pool.submit(self._write, parts, batch))
 

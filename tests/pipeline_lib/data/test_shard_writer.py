@@ -40,7 +40,7 @@ def test_shards_roll_over_at_target_size_and_glob_of_several_files(tmp_path):
 @pytest.mark.parametrize("then_bad_row", [False, True])
 def test_a_failed_shard_write_with_a_batch_queued_behind_it_publishes_nothing(tmp_path, monkeypatch, then_bad_row):
     """Encoded batches wait for the writer thread, two at most here (the test sets the limit; conversion's is
-    `_WRITES_IN_FLIGHT`). The queue never holds more; when a write fails, the one queued behind it finishes before the shards are aborted and the staging directory removed. With
+    `WRITES_IN_FLIGHT`). The queue never holds more; when a write fails, the one queued behind it finishes before the shards are aborted and the staging directory removed. With
     `then_bad_row` the failure is found only after a bad row two chunks later stopped the conversion, with both
     writes still queued: that error is raised, and both writes are still waited for."""
     import threading
@@ -80,7 +80,7 @@ def test_a_failed_shard_write_with_a_batch_queued_behind_it_publishes_nothing(tm
         events.append("abort")
         real_abort(self)
 
-    monkeypatch.setattr(shard_writer, "_WRITES_IN_FLIGHT", 2)
+    monkeypatch.setattr(shard_writer, "WRITES_IN_FLIGHT", 2)
     monkeypatch.setattr(shard_writer.BackgroundWrites, "_write", staticmethod(slow_write))
     monkeypatch.setattr(shard_writer.BackgroundWrites, "submit", submit)
     monkeypatch.setattr(shard_writer.RollingShards, "abort", abort)
