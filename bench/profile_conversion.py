@@ -7,8 +7,9 @@ by wrapping the function that does it: CPU-s is `time.thread_time()` of the thre
 time inside the call, each less the phases timed inside that call (a shard's close writes its tail: the write
 counts once, as a write). Phases run on several threads at once (main, read-ahead, Parquet decoder, statistics,
 shard writer, device writes, digest, gzip, shard closer), so their wall times overlap and do not add up to the
-conversion's. The wrappers cost a few microseconds a call (a few thousand calls a conversion). CRC32C is fused into the C
-framing loop, so its share is measured apart: the CRC32C of the same shard bytes in one call, on one thread.
+conversion's. The wrappers cost a few microseconds a call (a few thousand calls a conversion). CRC32C is fused
+into the C framing loop, so its share is measured apart: the CRC32C of the same shard bytes in one call, on one
+thread.
 Arrow's CSV parse runs on Arrow's own thread pool, which no wrapper sees: its CPU is in "the rest" (the
 process's CPU-s less every phase's). The digest of the same bytes by each algorithm is timed last, alone.
 """
