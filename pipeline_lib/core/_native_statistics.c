@@ -194,8 +194,8 @@ static void add_floats_512(const float *v, Py_ssize_t num_rows, Py_ssize_t width
             }
             split = value_split;
         }
-        double first = 0.0; /* the origin of a split with no values yet */
-        for (Py_ssize_t j = 0; j < length; j++)
+        double first = 0.0; /* the origin of a split with no values yet: the block's first present value */
+        for (Py_ssize_t j = 0; (!s[0].count || !s[1].count) && j < length; j++)
             if (v[start + j] == v[start + j]) { first = v[start + j]; break; }
         __m512d sum[2], square[2], origin[2];
         __m256 low[2], high[2];
