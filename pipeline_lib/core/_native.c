@@ -21,6 +21,8 @@
                                  words w (uint64, or uint32 zero-extended): h[r] = mix(h[r] ^ w), mix being
                                  splitmix64's finalizer (the numpy loop in pipeline_lib.data.split.split_hash).
    numeric_statistics(...)       one numeric column's statistics for both splits (in _native_statistics.c).
+   parse_csv_block(...)          a block of plain CSV lines straight into float32 and int64 columns (in
+                                 _native_csv.c).
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h> /* first: its pyconfig.h defines _GNU_SOURCE, which sync_file_range needs */
@@ -396,6 +398,8 @@ void choose_vector_statistics(int on);
 int vector_statistics_on(void);
 PyObject *statistics_loop(PyObject *self, PyObject *unused);
 PyObject *numeric_statistics(PyObject *self, PyObject *args);
+/* _native_csv.c */
+PyObject *parse_csv_block(PyObject *self, PyObject *args);
 
 static PyObject *use_hardware(PyObject *self, PyObject *args) {
     int flag;
@@ -424,6 +428,8 @@ static PyMethodDef methods[] = {
      "statistics_loop(): the loop numeric_statistics runs for float32 values now, 'AVX-512' or 'portable'"},
     {"numeric_statistics", numeric_statistics, METH_VARARGS,
      "numeric_statistics(values, split, train_keys, eval_keys, shift): per split (count, missing, mean, m2, min, max)"},
+    {"parse_csv_block", parse_csv_block, METH_VARARGS,
+     "parse_csv_block(text, delimiter, kinds, outputs, num_lines): plain CSV lines into typed columns; False if not plain"},
     {NULL, NULL, 0, NULL},
 };
 

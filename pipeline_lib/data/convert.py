@@ -129,6 +129,7 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
     first_reader = open_reader(fs, files[0], data)
     features, needed = select_columns(data, files[0].uri, first_reader.available_columns())
     check_missing_columns(data, features, files[0].uri)
+    first_reader.guess_number_types()
     first_chunks = first_reader.chunks(needed, data.read_chunk_rows)
     first_chunk = next(first_chunks, None)
     if first_chunk is None or first_chunk.num_rows == 0:

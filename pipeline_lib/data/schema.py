@@ -86,7 +86,7 @@ def infer_types(chunk: RawChunk, fmt: DataFormat) -> dict[str, ColumnType]:
     """
     types = {}
     for name, raw in chunk.columns.items():
-        if fmt == DataFormat.CSV:
+        if fmt == DataFormat.CSV and is_text(raw.type):  # numbers the reader parsed already are typed
             types[name] = _infer_csv(raw)
         else:
             types[name] = _infer_column(chunk.uri, name, raw)

@@ -29,8 +29,8 @@ def is_missing(value: Any) -> bool:
 class RawChunk:
     """Up to read_chunk_rows rows of one file, before type conversion.
 
-    `columns` holds pyarrow arrays (CSV: all strings; Parquet: typed), Python lists (JSONL) or numpy arrays
-    (NPZ). `structural` lists rows the reader could not split into columns at all: (position, reason).
+    `columns` holds pyarrow arrays (CSV: strings, or numbers parsed to the types `use_types` or
+    `guess_number_types` asked for; Parquet: typed), Python lists (JSONL) or numpy arrays (NPZ). `structural` lists rows the reader could not split into columns at all: (position, reason).
     `num_bytes`: set by the line readers on uncompressed files, where lines read are bytes of the file.
     """
 
@@ -65,6 +65,11 @@ class Reader(Protocol):
     def use_types(self, types: Mapping[str, pa.DataType]) -> None:
         """The Arrow types coercion will convert the columns to: a reader of text may parse chunks still to come
         straight to them, where that gives the values and bad rows coercion would; the others ignore it."""
+
+    def guess_number_types(self) -> None:
+        """Schema inference will read the next chunk: until `use_types`, a reader of text may give a column as
+        the int64 or float32 values inference and coercion would make of its text (int64 where every value is an
+        integer), where it can tell at no risk; the others ignore it."""
 
 
 def check_columns(uri: str, available: Sequence[str], needed: Sequence[str]) -> None:

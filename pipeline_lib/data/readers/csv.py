@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from pipeline_lib.config import DataConfig
+from pipeline_lib.core import native
 from pipeline_lib.data.errors import ConversionError
 from pipeline_lib.data.readers.base import (
     RawChunk,
@@ -49,7 +50,8 @@ class CsvReader:
         duplicates = sorted({n for n in self.names if self.names.count(n) > 1})
         if duplicates:
             raise ConversionError(f"{source.uri} line 1 repeats column name(s) {duplicates}; make them unique")
-        self._numeric_types: dict[str, pa.DataType] = {}
+        self._numeric_types: dict[str, pa.DataType] | None = None  # None: not known (yet)
+        self._guess_numbers = False
 
     def available_columns(self) -> list[str]:
         return list(self.names)
@@ -57,6 +59,11 @@ class CsvReader:
     def use_types(self, types: Mapping[str, pa.DataType]) -> None:
         """Parse the numeric columns of the blocks still to come straight to these Arrow types (int64, float32)."""
         self._numeric_types = {name: t for name, t in types.items() if pa.types.is_integer(t) or pa.types.is_floating(t)}
+
+    def guess_number_types(self) -> None:
+        """Until `use_types`, give a block whose needed columns are all numbers in a plain form on every line as
+        int64 and float32 columns (`_parse_plain`)."""
+        self._guess_numbers = True
 
     def _open(self):
         # fsspec infers gzip from the name on any store; its "gzip" codec is ISA-L's igzip when `isal` is
@@ -89,7 +96,11 @@ class CsvReader:
     def _parse(self, text: bytes | bytearray, num_lines: int, line_start: int, needed: Sequence[str],
                num_bytes: int | None) -> RawChunk:
         """One block of `num_lines` lines: the fast parse when it is exact, else the line-by-line one."""
-        typed = {n: t for n, t in self._numeric_types.items() if n in needed}
+        columns = self._parse_plain(text, num_lines, needed)
+        if columns is not None:
+            return RawChunk(uri=self.source.uri, unit="line", columns=columns, num_rows=num_lines,
+                            positions_fn=lambda: line_start + np.arange(num_lines), num_bytes=num_bytes)
+        typed = {n: t for n, t in (self._numeric_types or {}).items() if n in needed}
         if typed and (b" " in text or b"\t" in text):
             typed = {}
         one_row_per_line = b"\r" not in text or text.count(b"\r") == text.count(b"\r\n")
@@ -113,6 +124,31 @@ class CsvReader:
         return RawChunk(uri=self.source.uri, unit="line",
                         columns={n: table.column(n).combine_chunks() for n in needed}, num_rows=table.num_rows,
                         positions_fn=lambda: line_start + np.arange(num_lines), num_bytes=num_bytes)
+
+    def _parse_plain(self, text: bytes | bytearray, num_lines: int, needed: Sequence[str]) -> dict[str, pa.Array] | None:
+        """The block's columns parsed by the C loop (`_native_csv.c`) when every needed column is a number in a
+        plain form on every line (no quotes, empty cells or spaces; digits Arrow reads to the same value): to the
+        types `use_types` gave, or, before it, int64 where every value is an integer and float32 where not, as
+        schema inference would type them. None otherwise, and Arrow parses the block."""
+        if (native.module is None or len(self.data.csv_delimiter) != 1 or b'"' in text
+                or (self._numeric_types is None and not self._guess_numbers)):
+            return None
+        wanted = set(needed)
+        if self._numeric_types is not None:
+            kinds = {pa.float32(): b"f", pa.int64(): b"q"}
+            codes = b"".join(kinds.get(self._numeric_types.get(n), b"") if n in wanted else b"-" for n in self.names)
+            if len(codes) != len(self.names):  # a needed column that is not a float32 or int64 number
+                return None
+        else:
+            codes = b"".join(b"?" if n in wanted else b"-" for n in self.names)
+            codes = native.module.parse_csv_block(text, self.data.csv_delimiter, codes, [], num_lines)
+            if not codes:
+                return None
+        fields = [(n, code) for n, code in zip(self.names, codes) if n in wanted]
+        buffers = [np.empty(num_lines, np.float32 if code == ord("f") else np.int64) for _, code in fields]
+        if not native.module.parse_csv_block(text, self.data.csv_delimiter, codes, buffers, num_lines):
+            return None
+        return {n: pa.array(b) for (n, _), b in zip(fields, buffers)}
 
     def _parse_lines(self, text: bytes | bytearray, line_start: int, needed: Sequence[str], num_bytes: int | None) -> RawChunk:
         """A block parsed one-threaded as strings, its rows Arrow cannot split skipped and located by line."""

@@ -41,6 +41,9 @@ class JsonlReader:
     def use_types(self, types) -> None:
         """Nothing to do: these values are typed, or parsed one by one, as they are read."""
 
+    def guess_number_types(self) -> None:
+        """Nothing to do: these values are typed, or parsed one by one, as they are read."""
+
     def chunks(self, needed: Sequence[str], chunk_rows: int) -> Iterator[RawChunk]:
         loads = json.loads
         with self._open() as handle:

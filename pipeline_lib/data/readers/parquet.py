@@ -39,6 +39,9 @@ class ParquetReader:
     def use_types(self, types) -> None:
         """Nothing to do: these values are typed, or parsed one by one, as they are read."""
 
+    def guess_number_types(self) -> None:
+        """Nothing to do: these values are typed, or parsed one by one, as they are read."""
+
     def chunks(self, needed: Sequence[str], chunk_rows: int) -> Iterator[RawChunk]:
         check_columns(self.source.uri, self.names, needed)
         first_row = 1

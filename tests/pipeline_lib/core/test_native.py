@@ -9,6 +9,9 @@ import sysconfig
 
 import crc32c
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
@@ -198,23 +201,110 @@ def test_native_numeric_statistics_reject_what_they_cannot_read(built):
         built.numeric_statistics(np.zeros(4, dtype=np.float32), 0, keys[:10], keys.copy(), 18)
 
 
-def test_conversion_writes_identical_shards_with_and_without_the_extension(built, tmp_path, monkeypatch):
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_conversion_writes_identical_shards_with_and_without_the_extension(built, tmp_path, monkeypatch, fmt):
     rng = np.random.default_rng(0)
-    import pyarrow as pa
-
     x = rng.normal(size=(3000, 5)).astype(np.float32)
-    table = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 5),
-                      "n": rng.integers(-1000, 1000, size=3000), "label": rng.integers(0, 3, size=3000)})
-    source = tmp_path / "rows.parquet"
-    pq.write_table(table, source)
-    data = DataConfig(source=str(source), label="label", target_shard_mb=0.05)
+    n, label = rng.integers(-1000, 1000, size=3000), rng.integers(0, 3, size=3000)
+    if fmt == "parquet":
+        table = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 5), "n": n, "label": label})
+        source = tmp_path / "rows.parquet"
+        pq.write_table(table, source)
+    else:  # numbers only, so the C loop parses the blocks (its types guessed for the first)
+        source = tmp_path / "rows.csv"
+        columns = {**{f"x{j}": np.round(x[:, j], 4) for j in range(5)}, "n": n, "label": label}
+        source.write_text(",".join(columns) + "\n" + "\n".join(",".join(str(v) for v in row)
+                                                            for row in zip(*columns.values())) + "\n")
+    data = DataConfig(source=str(source), label="label", target_shard_mb=0.05, read_chunk_rows=1000)
     fast = convert(data, str(tmp_path / "native"))
     _pure_python(monkeypatch)
     slow = convert(data, str(tmp_path / "python"))
     assert [(s.path, s.num_records, s.digest) for s in fast.shards] == [
         (s.path, s.num_records, s.digest) for s in slow.shards
     ]
+    assert fast.feature_schema == slow.feature_schema
     assert len(fast.shards) > 2
+
+
+def _plain_numbers(rng, count: int, integers: bool) -> list[str]:
+    """Numbers as CSV files write them: integers up to 18 digits, or decimals with up to 7 significant digits,
+    some with an exponent, some with trailing zeros, signs and zeros of both kinds."""
+    if integers:
+        return [str(int(v)) for v in rng.integers(-10**18 + 1, 10**18, size=count) // 10 ** rng.integers(0, 18, count)]
+    values = []
+    for _ in range(count):
+        whole = str(rng.choice([0, rng.integers(0, 10), rng.integers(0, 1000)]))
+        text = ("-" if rng.random() < 0.4 else "") + whole
+        if rng.random() < 0.8:
+            text += "." + "".join(rng.choice(list("0123456789"), size=rng.integers(1, 5)))
+        if rng.random() < 0.15:
+            text += rng.choice(["e", "E"]) + rng.choice(["", "+", "-"]) + str(rng.integers(0, 7))
+        values.append(text)
+    return values + ["0", "-0", "0.0", "-0.0", "16777216", "1.00000000", "100000000000.0e-10", "1e10"]
+
+
+def test_native_csv_parse_reads_plain_numbers_to_the_values_and_types_arrow_gives(built):
+    """The C loop's float32 values are bitwise Arrow's (read_csv to float32, and the cast of the text that
+    coercion does); a column's guessed kind is int64 exactly when Arrow casts all its text to int64."""
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        count = int(rng.integers(1, 3000))
+        columns = {"i": _plain_numbers(rng, count, integers=True), "skipped": [f"s{k}" for k in range(count)],
+                   "f": _plain_numbers(rng, count, integers=False)}
+        count = min(len(v) for v in columns.values())
+        columns = {name: values[:count] for name, values in columns.items()}
+        end = "\r\n" if trial % 2 else "\n"
+        text = "".join(",".join(row) + end for row in zip(*columns.values())).encode()
+        assert built.parse_csv_block(text, ",", b"?-?", [], count) == b"q-f"
+        ints, floats = np.empty(count, np.int64), np.empty(count, np.float32)
+        assert built.parse_csv_block(text, ",", b"q-f", [ints, floats], count) == b"q-f"
+        arrow = pacsv.read_csv(pa.BufferReader(text),
+                               read_options=pacsv.ReadOptions(column_names=list(columns)),
+                               convert_options=pacsv.ConvertOptions(column_types={"i": pa.int64(), "f": pa.float32()}))
+        assert np.array_equal(arrow.column("i").to_numpy(), ints)
+        assert np.array_equal(arrow.column("f").to_numpy().view(np.int32), floats.view(np.int32))
+        cast = pc.cast(pa.array(columns["f"]), pa.float32()).to_numpy()
+        assert np.array_equal(cast.view(np.int32), floats.view(np.int32))
+        # The integers read as float32 where they have at most 7 digits (else not a plain float32 form).
+        small = pa.array([v for v in columns["i"] if len(v.lstrip("-")) <= 7] or ["1"])
+        as_float = np.empty(len(small), np.float32)
+        small_text = "\n".join(small.to_pylist()).encode() + b"\n"
+        assert built.parse_csv_block(small_text, ",", b"f", [as_float], len(small))
+        assert np.array_equal(pc.cast(small, pa.float32()).to_numpy().view(np.int32), as_float.view(np.int32))
+
+
+@pytest.mark.parametrize("text, kinds", [
+    (b"1.5\n", b"q"), (b"16777217\n", b"f"), (b"123456789.5\n", b"f"), (b"1e11\n", b"f"),
+    (b"0.00000000001\n", b"f"), (b"1234567890123456789\n", b"q"),  # values no plain form holds
+    (b"inf\n", b"f"), (b"nan\n", b"f"), (b".5\n", b"f"), (b"5.\n", b"f"), (b"+1\n", b"q"), (b"01\n", b"q"),
+    (b" 1\n", b"q"), (b"1 \n", b"f"), (b"\n", b"q"), (b"1e\n", b"f"), (b"1e1000\n", b"f"), (b"0x10\n", b"q"),
+    (b"1,2\n", b"q"), (b"1\n", b"q-"), (b"1\r2\n", b"q"), (b"1\n\n", b"q"), (b"1", b"q"), (b'"1"\n', b"q"),
+])
+def test_native_csv_parse_leaves_what_is_not_plain_to_arrow(built, text, kinds):
+    """A value in no plain form, a line with another number of fields, a blank line, a lone carriage return, a
+    missing last newline or a quote: False (the reader then gives the block to Arrow)."""
+    buffers = [np.empty(2, np.int64 if kind == ord("q") else np.float32) for kind in kinds if kind in b"fq"]
+    assert built.parse_csv_block(text, ",", kinds, buffers, 1) is False
+
+
+def test_native_csv_parse_guesses_float32_where_integers_and_decimals_mix(built):
+    assert built.parse_csv_block(b"2\n1.5\n", ",", b"?", [], 2) == b"f"
+    assert built.parse_csv_block(b"2\n-3\n", ",", b"?", [], 2) == b"q"
+    # 123456789 has an int64 form but no plain float32 one (more than 2^24), 2.5 only a float32 one.
+    assert built.parse_csv_block(b"123456789\n2.5\n", ",", b"?", [], 2) is False
+
+
+def test_native_csv_parse_rejects_arguments_it_cannot_use(built):
+    with pytest.raises(ValueError, match="one-byte delimiter"):
+        built.parse_csv_block(b"1\n", ",,", b"q", [np.empty(1, np.int64)], 1)
+    with pytest.raises(ValueError, match="not one of"):
+        built.parse_csv_block(b"1\n", ",", b"x", [], 1)
+    with pytest.raises(ValueError, match="1 output buffers for the 2 fields read"):
+        built.parse_csv_block(b"1,2\n", ",", b"qq", [np.empty(1, np.int64)], 1)
+    with pytest.raises(ValueError, match="fewer than 2 values"):
+        built.parse_csv_block(b"1\n2\n", ",", b"q", [np.empty(1, np.int64)], 2)
+    with pytest.raises(BufferError):
+        built.parse_csv_block(b"1\n", ",", b"q", [b"12345678"], 1)
 
 
 def test_local_shards_and_their_directories_are_fsynced_before_the_manifest(tmp_path, monkeypatch):

@@ -18,31 +18,39 @@ from pipeline_lib.data.errors import ConversionError
 from pipeline_lib.data.readers import csv as csv_reader
 
 
-def _messy_csv(path) -> str:
-    """600 rows in blocks of 50 lines: the first clean (the types come from it), the next seven not, the rest clean."""
+def _messy_csv(path, with_strings: bool = True) -> str:
+    """600 rows in blocks of 50 lines: the first clean (the types come from it), the next seven not, the rest clean.
+
+    With strings, a text column `color`; without, every column a number, so that the clean blocks are parsed by
+    the C loop (`_native_csv.c`) and the others by Arrow.
+    """
     rng = random.Random(7)
-    lines = ["id,x,n,color,y"] + [f"{i},{rng.uniform(-5, 5):.3f},{rng.randint(-9, 9)},{rng.choice(['red', 'blue'])},"
-                                  f"{i % 3}" for i in range(600)]
-    lines[75] = "74, 1.5,3,red,1"  # a space before a number: coercion of the string refuses it
-    lines[120] = "119,abc,3,red,1"  # not a number
+    red, header = (",red", ",color") if with_strings else ("", "")
+    lines = [f"id,x,n{header},y"] + [f"{i},{rng.uniform(-5, 5):.3f},{rng.randint(-9, 9)}"
+                                     + (f",{rng.choice(['red', 'blue'])}" if with_strings else "") + f",{i % 3}"
+                                     for i in range(600)]
+    lines[75] = f"74, 1.5,3{red},1"  # a space before a number: coercion of the string refuses it
+    lines[120] = f"119,abc,3{red},1"  # not a number
     lines[160] = ""  # a blank line
-    lines[210] = "209,,3,red,1"  # a missing cell (imputed)
+    lines[210] = f"209,,3{red},1"  # a missing cell (imputed)
     lines[260] = "259,1.0,2"  # too few fields
-    lines[300] = '299,"2.25",nan,red,1'  # a quoted number, and 'nan' in an int column
-    lines[330] = "329,inf,4.0,red,1"  # 'inf' is a float; 4.0 is not an int64
-    lines[351] = "350,1e3,7,bl\tue,2"  # a tab inside a string
+    lines[300] = f'299,"2.25",nan{red},1'  # a quoted number, and 'nan' in an int column
+    lines[330] = f"329,inf,4.0{red},1"  # 'inf' is a float; 4.0 is not an int64
+    lines[351] = "350,1e3,7,bl\tue,2" if with_strings else "350,1e3,7,2"  # a tab inside a string; 1e3 (plain)
+    lines[402] = f"401,-0.000000000001,-0{red},0"  # numbers Arrow reads, not in the C loop's plain forms
     text = "\r\n".join(lines[:100]) + "\r\n" + "\n".join(lines[100:])  # CRLF lines, then LF, no final newline
     path.write_bytes(text.encode())
     return str(path)
 
 
-def _convert_both_ways(tmp_path, monkeypatch, caplog, **settings):
+def _convert_both_ways(tmp_path, monkeypatch, caplog, with_strings: bool = True, **settings):
     """(manifest, warnings) of the conversion as it runs, and of one that parses every block line by line."""
-    source = _messy_csv(tmp_path / "messy.csv")
+    source = _messy_csv(tmp_path / "messy.csv", with_strings)
     data = DataConfig(source=source, label="y", read_chunk_rows=50, on_bad_record="skip", **settings)
     results = []
     paths: list[str] = []
     read, parse_lines = csv_reader.CsvReader._read, csv_reader.CsvReader._parse_lines
+    parse_plain = csv_reader.CsvReader._parse_plain
 
     def spy_read(self, text, needed, types, threads, on_invalid=None):
         table = read(self, text, needed, types, threads, on_invalid)
@@ -53,8 +61,15 @@ def _convert_both_ways(tmp_path, monkeypatch, caplog, **settings):
         paths.append("lines")
         return parse_lines(self, *args)
 
+    def spy_parse_plain(self, *args):
+        columns = parse_plain(self, *args)
+        if columns is not None:
+            paths.append("plain")
+        return columns
+
     monkeypatch.setattr(csv_reader.CsvReader, "_read", spy_read)
     monkeypatch.setattr(csv_reader.CsvReader, "_parse_lines", spy_parse_lines)
+    monkeypatch.setattr(csv_reader.CsvReader, "_parse_plain", spy_parse_plain)
     for name, line_by_line in (("fast", False), ("lines", True)):
         if line_by_line:
             monkeypatch.setattr(csv_reader.CsvReader, "_parse",
@@ -65,14 +80,22 @@ def _convert_both_ways(tmp_path, monkeypatch, caplog, **settings):
             manifest = convert(data, str(tmp_path / name))
         results.append((manifest, [r.getMessage() for r in caplog.records]))
         if not line_by_line:
-            # Blocks 4 and 6 (a blank line, too few fields) are parsed line by line, the clean ones to numbers.
-            assert paths.count("lines") == 2 and paths.count("typed") >= 4, paths
+            # The blocks with a blank line and with too few fields are parsed line by line, the clean ones to
+            # numbers: by Arrow where a column holds strings, else by the C loop: the first (its types guessed),
+            # the one whose only odd value is 1e3 (a plain form) and the last three; -0.000000000001 is not in a
+            # plain form (its block goes to Arrow).
+            assert paths.count("lines") == 2, paths
+            if with_strings:
+                assert paths.count("typed") >= 4 and "plain" not in paths, paths
+            else:
+                assert paths[0] == "plain" and paths.count("plain") == 5, paths
     return results
 
 
+@pytest.mark.parametrize("with_strings", [True, False], ids=["a-text-column", "numbers-only"])
 def test_blocks_parsed_on_every_core_write_the_shards_and_name_the_bad_lines_of_the_line_by_line_parse(
-        tmp_path, monkeypatch, caplog):
-    (fast, fast_log), (lines, lines_log) = _convert_both_ways(tmp_path, monkeypatch, caplog)
+        tmp_path, monkeypatch, caplog, with_strings):
+    (fast, fast_log), (lines, lines_log) = _convert_both_ways(tmp_path, monkeypatch, caplog, with_strings)
     assert [(s.path, s.num_records, s.digest) for s in fast.shards] == \
         [(s.path, s.num_records, s.digest) for s in lines.shards]
     assert fast.num_bad_records == lines.num_bad_records == 5
