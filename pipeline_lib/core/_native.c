@@ -17,6 +17,9 @@
                                  device now, without waiting (Linux sync_file_range; a no-op elsewhere), so a
                                  later fsync has little left to wait for.
    use_hardware(flag)            switch between the CPU's crc32 instruction and the table loop (for tests).
+   string_words(data, starts, lengths, out)
+                                 the split hash's word of each string (int64 starts and lengths into data):
+                                 its CRC32C, its length in the high 32 bits.
    split_hash(h, words, k, name) for each row r: with `name`, h[r] = mix(h[r] ^ name); then for each of its k
                                  words w (uint64, or uint32 zero-extended): h[r] = mix(h[r] ^ w), mix being
                                  splitmix64's finalizer (the numpy loop in pipeline_lib.data.split.split_hash).
@@ -377,6 +380,36 @@ static PyObject *crc32c_value(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(crc);
 }
 
+static PyObject *string_words(PyObject *self, PyObject *args) {
+    Py_buffer data, starts, lengths, out;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*", &data, &starts, &lengths, &out)) return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t n = starts.len / 8;
+    const int64_t *start = starts.buf, *length = lengths.buf;
+    if (starts.len != n * 8 || lengths.len != n * 8 || out.len != n * 8) {
+        PyErr_SetString(PyExc_ValueError, "starts, lengths and out must hold one 8-byte value per string each");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (start[i] < 0 || length[i] < 0 || start[i] + length[i] > data.len) {
+            PyErr_Format(PyExc_ValueError, "string %zd (%lld bytes at %lld) is not inside the %zd bytes of data", i,
+                         (long long)length[i], (long long)start[i], data.len);
+            goto done;
+        }
+    Py_BEGIN_ALLOW_THREADS
+    uint64_t *words = out.buf;
+    for (Py_ssize_t i = 0; i < n; i++)
+        words[i] = crc32c((const uint8_t *)data.buf + start[i], (size_t)length[i]) | ((uint64_t)length[i] << 32);
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&lengths);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyObject *start_writeback(PyObject *self, PyObject *args) {
     int fd;
     long long offset, nbytes;
@@ -421,6 +454,8 @@ static PyMethodDef methods[] = {
     {"frame_offsets", frame_offsets, METH_VARARGS, "frame_offsets(data, offsets): write the payload CRC of each record"},
     {"split_hash", split_hash, METH_VARARGS,
      "split_hash(h, words, k, name=None): fold the word `name` (when given), then k uint64 or uint32 words per row, into h"},
+    {"string_words", string_words, METH_VARARGS,
+     "string_words(data, starts, lengths, out): out[i] = crc32c(data[starts[i]:][:lengths[i]]) | lengths[i] << 32"},
     {"start_writeback", start_writeback, METH_VARARGS,
      "start_writeback(fd, offset, nbytes): start writing a byte range of a file to its device (no wait)"},
     {"crc32c", crc32c_value, METH_VARARGS, "crc32c(data): the (unmasked) CRC32C of a buffer"},

@@ -2,9 +2,10 @@
 
    parse_csv_block(text, delimiter, kinds, outputs, num_lines) -> bytes | False
        Parses a block of `num_lines` whole lines, each ending in b"\n" (or b"\r\n"), straight into typed column
-       buffers: `kinds` holds one code per field of a line, b"f" float32, b"q" int64, b"?" a number of either
-       kind (read, not stored), b"-" a field not read, and `outputs` one writable buffer of at least `num_lines`
-       values per b"f" or b"q" field, in field order. Returns the kinds, each b"?" replaced by the kind every
+       buffers: `kinds` holds one code per field of a line, b"f" float32, b"q" int64, b"s" ASCII text, b"?" a
+       number of either kind (read, not stored), b"-" a field not read; `outputs` holds, in field order, one
+       writable buffer of at least `num_lines` values per b"f" or b"q" field, and two per b"s" field: the
+       `num_lines + 1` int32 offsets of an Arrow binary array, and room for its bytes (len(text) bytes). Returns the kinds, each b"?" replaced by the kind every
        value of that field has (b"q" if all are int64, else b"f"), when every line had exactly len(kinds)
        fields and every value read was in a plain form below; False as soon as anything is not (the buffers then
        hold nothing of use), and the caller parses the block with Arrow, which names what is wrong. Only a block
@@ -17,8 +18,10 @@
                 integer m <= 2^24 and whose point and exponent a power of ten e with |e| <= 10 (trailing zeros of m
                 moved into e): m and 10^|e| are exact in float32, so one IEEE multiplication or division of the
                 two rounds correctly (Clinger's fast path).
-   Anything else (more digits, "inf", "nan", spaces, an empty cell) is not plain: the block goes to Arrow, whose
-   typed parse reads or refuses it and whose string parse reports it. This loop takes about 0.4 of the CPU time of
+   Text is plain when it is ASCII (any bytes but the delimiter and line ends; empty too): Arrow's string parse
+   keeps it as it is. Anything else (more digits, "inf", "nan", spaces around a number, an empty number, a byte
+   of UTF-8 above 0x7F) is not plain: the block goes to Arrow, whose typed parse reads or refuses it and whose
+   string parse reports it. This loop takes about 0.4 of the CPU time of
    Arrow's parse of the same block to the same types.
 */
 #define PY_SSIZE_T_CLEAN
@@ -160,7 +163,8 @@ static inline int read_value(const char **p, const char *end, char kind, void *o
 }
 
 /* The block's lines into the columns; 0 at the first thing that is not plain. A field of kind b"?" is only
-   read: forms[i] keeps the forms that every value of the i-th such field had. */
+   read: forms[i] keeps the forms that every value of the i-th such field had; one of kind b"s" takes two
+   outputs, its offsets and its bytes. */
 static int parse_lines(const char *text, Py_ssize_t size, char delimiter, const char *kinds, Py_ssize_t num_fields,
                        void *const *outs, int *forms, Py_ssize_t num_lines) {
     const char *p = text, *end = text + size;
@@ -170,6 +174,18 @@ static int parse_lines(const char *text, Py_ssize_t size, char delimiter, const 
             const char kind = kinds[field];
             if (kind == '-') {
                 while (p < end && *p != delimiter && *p != '\n' && *p != '\r') p++;
+            } else if (kind == 's') {
+                int32_t *offsets = outs[column];
+                char *data = outs[column + 1];
+                column += 2;
+                const char *start = p;
+                while (p < end && *p != delimiter && *p != '\n' && *p != '\r') {
+                    if ((unsigned char)*p >= 0x80) return 0;  /* not ASCII: Arrow's parse checks the UTF-8 */
+                    p++;
+                }
+                if (row == 0) offsets[0] = 0;
+                memcpy(data + offsets[row], start, (size_t)(p - start));
+                offsets[row + 1] = offsets[row] + (int32_t)(p - start);
             } else if (kind == '?') {
                 int64_t integer;
                 float real;
@@ -203,22 +219,22 @@ PyObject *parse_csv_block(PyObject *self, PyObject *args) {
     Py_buffer *views = NULL;
     void **outs = NULL;
     int *forms = NULL;
-    if (delimiter_size != 1 || num_lines < 0) {
-        PyErr_SetString(PyExc_ValueError, "need a one-byte delimiter and num_lines >= 0");
+    if (delimiter_size != 1 || num_lines < 0 || text.len >= INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "need a one-byte delimiter, num_lines >= 0 and a text under 2 GiB");
         goto done;
     }
     for (Py_ssize_t i = 0; i < kinds.len; i++) {
-        if (codes[i] == '\0' || !strchr("fq?-", codes[i])) {
-            PyErr_Format(PyExc_ValueError, "kind %zd is %d, not one of b'f', b'q', b'?', b'-'", i, (int)codes[i]);
+        if (codes[i] == '\0' || !strchr("fqs?-", codes[i])) {
+            PyErr_Format(PyExc_ValueError, "kind %zd is %d, not one of b'f', b'q', b's', b'?', b'-'", i, (int)codes[i]);
             goto done;
         }
-        wanted += codes[i] == 'f' || codes[i] == 'q';
+        wanted += codes[i] == 'f' || codes[i] == 'q' ? 1 : codes[i] == 's' ? 2 : 0;
         guessed += codes[i] == '?';
     }
     sequence = PySequence_Fast(outputs, "outputs must be a sequence of buffers");
     if (sequence == NULL) goto done;
     if (PySequence_Fast_GET_SIZE(sequence) != wanted) {
-        PyErr_Format(PyExc_ValueError, "%zd output buffers for the %zd fields read", PySequence_Fast_GET_SIZE(sequence),
+        PyErr_Format(PyExc_ValueError, "%zd output buffers where the kinds need %zd", PySequence_Fast_GET_SIZE(sequence),
                      wanted);
         goto done;
     }
@@ -230,15 +246,19 @@ PyObject *parse_csv_block(PyObject *self, PyObject *args) {
         goto done;
     }
     for (Py_ssize_t i = 0; i < kinds.len; i++) {
+        /* the bytes each output needs: a value a line, or a string column's offsets and bytes */
+        Py_ssize_t needs[2] = {num_lines * (codes[i] == 'f' ? 4 : 8), 0}, parts = 1;
         if (codes[i] == '-' || codes[i] == '?') continue;
-        Py_buffer *view = &views[num_views];
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(sequence, num_views), view, PyBUF_WRITABLE) < 0) goto done;
-        Py_ssize_t item = codes[i] == 'f' ? 4 : 8;
-        outs[num_views++] = view->buf;
-        if (view->len < num_lines * item) {
-            PyErr_Format(PyExc_ValueError, "output %zd holds %zd bytes, fewer than %zd values of %zd bytes",
-                         num_views - 1, view->len, num_lines, item);
-            goto done;
+        if (codes[i] == 's') needs[0] = (num_lines + 1) * 4, needs[1] = text.len, parts = 2;
+        for (Py_ssize_t part = 0; part < parts; part++) {
+            Py_buffer *view = &views[num_views];
+            if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(sequence, num_views), view, PyBUF_WRITABLE) < 0) goto done;
+            outs[num_views++] = view->buf;
+            if (view->len < needs[part]) {
+                PyErr_Format(PyExc_ValueError, "output %zd holds %zd bytes, fewer than the %zd it needs for %zd lines",
+                             num_views - 1, view->len, needs[part], num_lines);
+                goto done;
+            }
         }
     }
     for (Py_ssize_t i = 0; i < guessed; i++) forms[i] = INT64_FORM | FLOAT32_FORM;

@@ -80,6 +80,7 @@ def _scan_vocabulary(fs, files: Sequence[ListedFile], data: DataConfig, label_ty
     values: set[str] = set()
     for source in files:
         reader = open_reader(fs, source, data)
+        reader.use_types({data.label: arrow_type(label_type)})
         for chunk in reader.chunks([data.label], data.read_chunk_rows):
             column = coerce(chunk.columns[data.label], label_type, source.format)
             good = column.values.filter(pa.array(~column.bad)) if column.bad.any() else column.values

@@ -41,6 +41,11 @@ def _words(values: Any) -> np.ndarray:
             return bits.view(np.uint64) if bits.shape[1] % 2 == 0 else bits
         return values.reshape(len(values), -1).astype(np.int64, copy=False).view(np.uint64)
     data, starts, lengths = string_column(values)
+    if native.module is not None and hasattr(native.module, "string_words"):  # an older build has no such loop
+        words = np.empty(len(starts), dtype=np.uint64)
+        native.module.string_words(data, np.ascontiguousarray(starts, np.int64),
+                                   np.ascontiguousarray(lengths, np.int64), words)
+        return words.reshape(-1, 1)
     view = memoryview(data)
     crc = _crc32c.crc32c
     digests = np.fromiter((crc(view[s : s + n]) for s, n in zip(starts.tolist(), lengths.tolist())),

@@ -1,4 +1,4 @@
-"""The CSV reader: blocks of whole lines parsed by Arrow on every core, each row with its line number."""
+"""The CSV reader: blocks of whole lines parsed by a C loop or by Arrow on every core, each row with its line number."""
 
 from __future__ import annotations
 
@@ -26,16 +26,20 @@ _READ_BYTES = 1 << 20
 
 
 class CsvReader:
-    """CSV in blocks of `chunk_rows` whole lines, each parsed by Arrow on every core; every row keeps its line.
+    """CSV in blocks of `chunk_rows` whole lines, parsed by a C loop or by Arrow on every core; every row keeps its line.
 
-    The happy path: a block is cut at its `chunk_rows`-th newline, and Arrow parses it multi-threaded, straight
-    to the column types `use_types` gave (conversion's inferred types), else as strings. Line numbers come from
-    counting newlines, which is exact when Arrow found one row per line. A block that is not that simple is
-    parsed again, by the path that names every bad row exactly: a value the typed parse refuses, a missing
-    cell, or spaces or tabs (a typed parse would trim them, where coercion of the string refuses the value) send
-    the block to a string parse; blank lines, rows with the wrong number of fields, a bare carriage return or
-    text that is not UTF-8 send it to the line-by-line parse, which skips and locates them. Either way the
-    values, bad rows and messages are the ones coercion of the string values gives.
+    The happy path: a block is cut at its `chunk_rows`-th newline, and the C loop (`_native_csv.c`) reads it
+    straight into the column types `use_types` gave (conversion's inferred types: int64, float32, binary for
+    text), or, for the block types are inferred from (`guess_number_types`), into int64 and float32 columns
+    where every needed column is a number. It takes only plain values, which Arrow reads to the same values:
+    numbers in digits without spaces, ASCII text, no quotes, one field per delimiter. Any other block is parsed by
+    Arrow, multi-threaded, straight to the numeric types given, else as strings. Line numbers come from counting
+    newlines, which is exact when either found one row per line. A block that is not that simple is parsed again,
+    by the path that names every bad row exactly: a value the typed parse refuses, a missing cell, or spaces or
+    tabs (a typed parse would trim them, where coercion of the string refuses the value) send the block to a
+    string parse; blank lines, rows with the wrong number of fields, a bare carriage return or text that is not
+    UTF-8 send it to the line-by-line parse, which skips and locates them. Either way the values, bad rows and
+    messages are the ones coercion of the string values gives.
 
     One record per line: quoted values with embedded newlines are not supported.
     """
@@ -50,14 +54,16 @@ class CsvReader:
         duplicates = sorted({n for n in self.names if self.names.count(n) > 1})
         if duplicates:
             raise ConversionError(f"{source.uri} line 1 repeats column name(s) {duplicates}; make them unique")
-        self._numeric_types: dict[str, pa.DataType] | None = None  # None: not known (yet)
+        self._types: dict[str, pa.DataType] | None = None  # None: not known (yet)
+        self._numeric_types: dict[str, pa.DataType] = {}
         self._guess_numbers = False
 
     def available_columns(self) -> list[str]:
         return list(self.names)
 
     def use_types(self, types: Mapping[str, pa.DataType]) -> None:
-        """Parse the numeric columns of the blocks still to come straight to these Arrow types (int64, float32)."""
+        """Parse the blocks still to come straight to these Arrow types (int64, float32; binary for text)."""
+        self._types = dict(types)
         self._numeric_types = {name: t for name, t in types.items() if pa.types.is_integer(t) or pa.types.is_floating(t)}
 
     def guess_number_types(self) -> None:
@@ -100,7 +106,7 @@ class CsvReader:
         if columns is not None:
             return RawChunk(uri=self.source.uri, unit="line", columns=columns, num_rows=num_lines,
                             positions_fn=lambda: line_start + np.arange(num_lines), num_bytes=num_bytes)
-        typed = {n: t for n, t in (self._numeric_types or {}).items() if n in needed}
+        typed = {n: t for n, t in self._numeric_types.items() if n in needed}
         if typed and (b" " in text or b"\t" in text):
             typed = {}
         one_row_per_line = b"\r" not in text or text.count(b"\r") == text.count(b"\r\n")
@@ -126,29 +132,40 @@ class CsvReader:
                         positions_fn=lambda: line_start + np.arange(num_lines), num_bytes=num_bytes)
 
     def _parse_plain(self, text: bytes | bytearray, num_lines: int, needed: Sequence[str]) -> dict[str, pa.Array] | None:
-        """The block's columns parsed by the C loop (`_native_csv.c`) when every needed column is a number in a
-        plain form on every line (no quotes, empty cells or spaces; digits Arrow reads to the same value): to the
-        types `use_types` gave, or, before it, int64 where every value is an integer and float32 where not, as
-        schema inference would type them. None otherwise, and Arrow parses the block."""
+        """The block's columns parsed by the C loop (`_native_csv.c`) when every needed value is plain: no quotes;
+        numbers without spaces, in digits Arrow reads to the same values; text in ASCII. To the types `use_types`
+        gave, or, before it, with every needed column a number, int64 where every value is an integer and float32
+        where not, as schema inference would type them. None otherwise, and Arrow parses the block."""
         if (native.module is None or len(self.data.csv_delimiter) != 1 or b'"' in text
-                or (self._numeric_types is None and not self._guess_numbers)):
+                or (self._types is None and not self._guess_numbers)):
             return None
         wanted = set(needed)
-        if self._numeric_types is not None:
-            kinds = {pa.float32(): b"f", pa.int64(): b"q"}
-            codes = b"".join(kinds.get(self._numeric_types.get(n), b"") if n in wanted else b"-" for n in self.names)
-            if len(codes) != len(self.names):  # a needed column that is not a float32 or int64 number
+        if self._types is not None:
+            kinds = {pa.float32(): b"f", pa.int64(): b"q", pa.binary(): b"s"}
+            codes = b"".join(kinds.get(self._types.get(n), b"") if n in wanted else b"-" for n in self.names)
+            if len(codes) != len(self.names):  # a needed column of another type
                 return None
         else:
             codes = b"".join(b"?" if n in wanted else b"-" for n in self.names)
             codes = native.module.parse_csv_block(text, self.data.csv_delimiter, codes, [], num_lines)
             if not codes:
                 return None
-        fields = [(n, code) for n, code in zip(self.names, codes) if n in wanted]
-        buffers = [np.empty(num_lines, np.float32 if code == ord("f") else np.int64) for _, code in fields]
-        if not native.module.parse_csv_block(text, self.data.csv_delimiter, codes, buffers, num_lines):
+        fields = [(n, chr(code)) for n, code in zip(self.names, codes) if n in wanted]
+        buffers = {n: [np.empty(num_lines + 1, np.int32), np.empty(len(text), np.uint8)] if kind == "s"
+                   else [np.empty(num_lines, np.float32 if kind == "f" else np.int64)] for n, kind in fields}
+        if not native.module.parse_csv_block(text, self.data.csv_delimiter, codes,
+                                             [b for n, _ in fields for b in buffers[n]], num_lines):
             return None
-        return {n: pa.array(b) for (n, _), b in zip(fields, buffers)}
+        columns = {}
+        for n, kind in fields:
+            if kind == "s":
+                offsets, data = buffers[n]
+                data = data[:offsets[-1]].copy()  # the bytes of the text only, not room for the whole block
+                columns[n] = pa.Array.from_buffers(pa.binary(), num_lines, [None, pa.py_buffer(offsets),
+                                                                            pa.py_buffer(data)])
+            else:
+                columns[n] = pa.array(buffers[n][0])
+        return columns
 
     def _parse_lines(self, text: bytes | bytearray, line_start: int, needed: Sequence[str], num_bytes: int | None) -> RawChunk:
         """A block parsed one-threaded as strings, its rows Arrow cannot split skipped and located by line."""

@@ -113,6 +113,16 @@ def test_native_split_hash_equals_the_numpy_loop(built, monkeypatch):
     assert not np.array_equal(with_native, split_hash(values, seed=12))
 
 
+def test_native_string_words_reject_strings_outside_their_data(built):
+    out = np.empty(2, np.uint64)
+    built.string_words(b"abcdef", np.array([0, 2], np.int64), np.array([2, 4], np.int64), out)
+    assert out.tolist() == [crc32c.crc32c(b"ab") | 2 << 32, crc32c.crc32c(b"cdef") | 4 << 32]
+    with pytest.raises(ValueError, match=r"string 1 \(5 bytes at 2\) is not inside the 6 bytes"):
+        built.string_words(b"abcdef", np.array([0, 2], np.int64), np.array([2, 5], np.int64), out)
+    with pytest.raises(ValueError, match="one 8-byte value per string"):
+        built.string_words(b"abcdef", np.array([0, 2], np.int64), np.array([2], np.int64), out)
+
+
 def _numeric_columns(num_rows: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(num_rows)
     floats = (rng.normal(size=num_rows) * 10.0 ** rng.integers(-3, 4, size=num_rows)).astype(np.float32)
@@ -243,24 +253,33 @@ def _plain_numbers(rng, count: int, integers: bool) -> list[str]:
     return values + ["0", "-0", "0.0", "-0.0", "16777216", "1.00000000", "100000000000.0e-10", "1e10"]
 
 
-def test_native_csv_parse_reads_plain_numbers_to_the_values_and_types_arrow_gives(built):
+def test_native_csv_parse_reads_plain_values_to_the_values_and_types_arrow_gives(built):
     """The C loop's float32 values are bitwise Arrow's (read_csv to float32, and the cast of the text that
-    coercion does); a column's guessed kind is int64 exactly when Arrow casts all its text to int64."""
+    coercion does), its text Arrow's strings; a column's guessed kind is int64 exactly when Arrow casts all its
+    text to int64."""
     rng = np.random.default_rng(3)
     for trial in range(40):
         count = int(rng.integers(1, 3000))
+        text_values = ["".join(rng.choice(list(" \tab-Z.0;"), size=rng.integers(0, 6))) for _ in range(count)]
         columns = {"i": _plain_numbers(rng, count, integers=True), "skipped": [f"s{k}" for k in range(count)],
-                   "f": _plain_numbers(rng, count, integers=False)}
+                   "f": _plain_numbers(rng, count, integers=False), "s": text_values}
         count = min(len(v) for v in columns.values())
         columns = {name: values[:count] for name, values in columns.items()}
         end = "\r\n" if trial % 2 else "\n"
         text = "".join(",".join(row) + end for row in zip(*columns.values())).encode()
-        assert built.parse_csv_block(text, ",", b"?-?", [], count) == b"q-f"
+        assert built.parse_csv_block(text, ",", b"?-?-", [], count) == b"q-f-"
+        assert built.parse_csv_block(text, ",", b"?-??", [], count) is False  # text is no number
         ints, floats = np.empty(count, np.int64), np.empty(count, np.float32)
-        assert built.parse_csv_block(text, ",", b"q-f", [ints, floats], count) == b"q-f"
+        offsets, data = np.empty(count + 1, np.int32), np.empty(len(text), np.uint8)
+        assert built.parse_csv_block(text, ",", b"q-fs", [ints, floats, offsets, data], count) == b"q-fs"
         arrow = pacsv.read_csv(pa.BufferReader(text),
                                read_options=pacsv.ReadOptions(column_names=list(columns)),
-                               convert_options=pacsv.ConvertOptions(column_types={"i": pa.int64(), "f": pa.float32()}))
+                               convert_options=pacsv.ConvertOptions(column_types={"i": pa.int64(), "f": pa.float32(),
+                                                                                  "s": pa.string()},
+                                                                    strings_can_be_null=False))
+        strings = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+        assert strings.to_pylist() == pc.cast(arrow.column("s"), pa.binary()).to_pylist()
+        assert strings.to_pylist() == [v.encode() for v in columns["s"]]
         assert np.array_equal(arrow.column("i").to_numpy(), ints)
         assert np.array_equal(arrow.column("f").to_numpy().view(np.int32), floats.view(np.int32))
         cast = pc.cast(pa.array(columns["f"]), pa.float32()).to_numpy()
@@ -274,7 +293,7 @@ def test_native_csv_parse_reads_plain_numbers_to_the_values_and_types_arrow_give
 
 
 @pytest.mark.parametrize("text, kinds", [
-    (b"1.5\n", b"q"), (b"16777217\n", b"f"), (b"123456789.5\n", b"f"), (b"1e11\n", b"f"),
+    (b"caf\xc3\xa9\n", b"s"), (b"1.5\n", b"q"), (b"16777217\n", b"f"), (b"123456789.5\n", b"f"), (b"1e11\n", b"f"),
     (b"0.00000000001\n", b"f"), (b"1234567890123456789\n", b"q"),  # values no plain form holds
     (b"inf\n", b"f"), (b"nan\n", b"f"), (b".5\n", b"f"), (b"5.\n", b"f"), (b"+1\n", b"q"), (b"01\n", b"q"),
     (b" 1\n", b"q"), (b"1 \n", b"f"), (b"\n", b"q"), (b"1e\n", b"f"), (b"1e1000\n", b"f"), (b"0x10\n", b"q"),
@@ -284,6 +303,8 @@ def test_native_csv_parse_leaves_what_is_not_plain_to_arrow(built, text, kinds):
     """A value in no plain form, a line with another number of fields, a blank line, a lone carriage return, a
     missing last newline or a quote: False (the reader then gives the block to Arrow)."""
     buffers = [np.empty(2, np.int64 if kind == ord("q") else np.float32) for kind in kinds if kind in b"fq"]
+    if kinds == b"s":
+        buffers = [np.empty(2, np.int32), np.empty(len(text), np.uint8)]
     assert built.parse_csv_block(text, ",", kinds, buffers, 1) is False
 
 
@@ -299,10 +320,12 @@ def test_native_csv_parse_rejects_arguments_it_cannot_use(built):
         built.parse_csv_block(b"1\n", ",,", b"q", [np.empty(1, np.int64)], 1)
     with pytest.raises(ValueError, match="not one of"):
         built.parse_csv_block(b"1\n", ",", b"x", [], 1)
-    with pytest.raises(ValueError, match="1 output buffers for the 2 fields read"):
+    with pytest.raises(ValueError, match="1 output buffers where the kinds need 2"):
         built.parse_csv_block(b"1,2\n", ",", b"qq", [np.empty(1, np.int64)], 1)
-    with pytest.raises(ValueError, match="fewer than 2 values"):
+    with pytest.raises(ValueError, match="fewer than the 16 it needs for 2 lines"):
         built.parse_csv_block(b"1\n2\n", ",", b"q", [np.empty(1, np.int64)], 2)
+    with pytest.raises(ValueError, match="output 1 holds 2 bytes, fewer than the 3 it needs"):
+        built.parse_csv_block(b"ab\n", ",", b"s", [np.empty(2, np.int32), np.empty(2, np.uint8)], 1)
     with pytest.raises(BufferError):
         built.parse_csv_block(b"1\n", ",", b"q", [b"12345678"], 1)
 
