@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 
 # constraints.txt pins every package to the versions the tests last passed with (regenerate it with
 # `$(BIN)/python .ci/constraints.py > constraints.txt` after changing pyproject.toml), so two fresh machines match.
-$(STAMP): pyproject.toml constraints.txt pipeline_lib/core/_native.c pipeline_lib/core/_native_statistics.c
+$(STAMP): pyproject.toml constraints.txt pipeline_lib/core/_native.c pipeline_lib/core/_native_statistics.c pipeline_lib/core/_native_csv.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt --upgrade setuptools wheel

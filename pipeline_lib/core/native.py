@@ -1,7 +1,9 @@
-"""The conversion's optional C loops (`_native.c`): TFRecord payload CRCs, the split hash and the statistics.
+"""The conversion's optional C loops (`_native.c`): TFRecord payload CRCs, the split hash, the statistics and the
+CSV parse of plain values.
 
 `module` is the compiled extension, or None where it was not built (no compiler at install time); callers then
-take their pure-Python path, which writes the same bytes. Tests set `module = None` to exercise that path.
+take their pure-Python path (Arrow's parse for CSV), which writes the same bytes. Tests set `module = None` to
+exercise that path.
 """
 
 from __future__ import annotations
