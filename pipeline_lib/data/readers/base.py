@@ -29,8 +29,9 @@ def is_missing(value: Any) -> bool:
 class RawChunk:
     """Up to read_chunk_rows rows of one file, before type conversion.
 
-    `columns` holds pyarrow arrays (CSV: strings, or numbers parsed to the types `use_types` or
-    `guess_number_types` asked for; Parquet: typed), Python lists (JSONL) or numpy arrays (NPZ). `structural` lists rows the reader could not split into columns at all: (position, reason).
+    `columns` holds pyarrow arrays (CSV: strings, or values parsed to the types `use_types` or
+    `guess_number_types` asked for; Parquet: typed), Python lists (JSONL) or numpy arrays (NPZ). `structural`
+    lists rows the reader could not split into columns at all: (position, reason).
     `num_bytes`: set by the line readers on uncompressed files, where lines read are bytes of the file.
     """
 

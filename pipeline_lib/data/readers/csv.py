@@ -23,10 +23,12 @@ from pipeline_lib.data.sources import ListedFile
 
 # Bytes read at a time while a block of whole lines is gathered (the first read also estimates the line length).
 _READ_BYTES = 1 << 20
+# The C loop's code for each column type it reads (`_native_csv.c`).
+_PLAIN_KINDS = {pa.float32(): b"f", pa.int64(): b"q", pa.binary(): b"s"}
 
 
 class CsvReader:
-    """CSV in blocks of `chunk_rows` whole lines, parsed by a C loop or by Arrow on every core; every row keeps its line.
+    """CSV in blocks of `chunk_rows` whole lines, parsed by a C loop or by Arrow; every row keeps its line.
 
     The happy path: a block is cut at its `chunk_rows`-th newline, and the C loop (`_native_csv.c`) reads it
     straight into the column types `use_types` gave (conversion's inferred types: int64, float32, binary for
@@ -141,8 +143,7 @@ class CsvReader:
             return None
         wanted = set(needed)
         if self._types is not None:
-            kinds = {pa.float32(): b"f", pa.int64(): b"q", pa.binary(): b"s"}
-            codes = b"".join(kinds.get(self._types.get(n), b"") if n in wanted else b"-" for n in self.names)
+            codes = b"".join(_PLAIN_KINDS.get(self._types.get(n), b"") if n in wanted else b"-" for n in self.names)
             if len(codes) != len(self.names):  # a needed column of another type
                 return None
         else:

@@ -240,7 +240,8 @@ def _plain_numbers(rng, count: int, integers: bool) -> list[str]:
     """Numbers as CSV files write them: integers up to 18 digits, or decimals with up to 7 significant digits,
     some with an exponent, some with trailing zeros, signs and zeros of both kinds."""
     if integers:
-        return [str(int(v)) for v in rng.integers(-10**18 + 1, 10**18, size=count) // 10 ** rng.integers(0, 18, count)]
+        values = rng.integers(-10**18 + 1, 10**18, size=count) // 10 ** rng.integers(0, 18, count)
+        return ["0", "-0", "-1", "999999999999999999"] + [str(int(v)) for v in values]
     values = []
     for _ in range(count):
         whole = str(rng.choice([0, rng.integers(0, 10), rng.integers(0, 1000)]))
@@ -250,7 +251,7 @@ def _plain_numbers(rng, count: int, integers: bool) -> list[str]:
         if rng.random() < 0.15:
             text += rng.choice(["e", "E"]) + rng.choice(["", "+", "-"]) + str(rng.integers(0, 7))
         values.append(text)
-    return values + ["0", "-0", "0.0", "-0.0", "16777216", "1.00000000", "100000000000.0e-10", "1e10"]
+    return ["0", "-0", "0.0", "-0.0", "16777216", "1.00000000", "100000000000.0e-10", "1e10"] + values
 
 
 def test_native_csv_parse_reads_plain_values_to_the_values_and_types_arrow_gives(built):
