@@ -16,7 +16,8 @@
                                  ask the kernel to start writing bytes [offset, offset + n) of a file to its
                                  device now, without waiting (Linux sync_file_range; a no-op elsewhere), so a
                                  later fsync has little left to wait for.
-   use_hardware(flag)            switch between the CPU's crc32 instruction and the table loop (for tests).
+   use_hardware(flag)            switch between the CPU's crc32 instruction and the table loop (for tests);
+                                 crc_loop() says which one runs now.
    string_words(data, starts, lengths, out)
                                  the split hash's word of each string (int64 starts and lengths into data):
                                  its CRC32C, its length in the high 32 bits.
@@ -434,6 +435,10 @@ PyObject *numeric_statistics(PyObject *self, PyObject *args);
 /* _native_csv.c */
 PyObject *parse_csv_block(PyObject *self, PyObject *args);
 
+static PyObject *crc_loop(PyObject *self, PyObject *unused) {
+    return PyUnicode_FromString(have_sse42 ? "hardware" : "table");
+}
+
 static PyObject *use_hardware(PyObject *self, PyObject *args) {
     int flag;
     if (!PyArg_ParseTuple(args, "p", &flag)) return NULL;
@@ -459,6 +464,7 @@ static PyMethodDef methods[] = {
     {"start_writeback", start_writeback, METH_VARARGS,
      "start_writeback(fd, offset, nbytes): start writing a byte range of a file to its device (no wait)"},
     {"crc32c", crc32c_value, METH_VARARGS, "crc32c(data): the (unmasked) CRC32C of a buffer"},
+    {"crc_loop", crc_loop, METH_NOARGS, "crc_loop(): the loop CRC32C takes now, 'hardware' (SSE 4.2) or 'table'"},
     {"statistics_loop", statistics_loop, METH_NOARGS,
      "statistics_loop(): the loop numeric_statistics runs for float32 values now, 'AVX-512' or 'portable'"},
     {"numeric_statistics", numeric_statistics, METH_VARARGS,
@@ -478,7 +484,6 @@ PyMODINIT_FUNC PyInit__native(void) {
 #endif
     choose_vector_statistics(1);
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL) PyModule_AddIntConstant(m, "hardware_crc", have_sse42);
     /* 2: split_hash takes the column's name word and uint32 words (an extension built before takes neither). */
     if (m != NULL) PyModule_AddIntConstant(m, "split_hash_version", 2);
     return m;

@@ -18,7 +18,7 @@ def describe() -> str:
     """One line for logs and benchmarks: which loops conversion runs."""
     if module is None:
         return "pure Python (the _native extension is not built)"
-    crc = "hardware CRC32C" if module.hardware_crc else "table CRC32C"
+    crc = f"{module.crc_loop()} CRC32C"
     loop = getattr(module, "statistics_loop", None)  # None: an extension built before it (not reinstalled yet)
     statistics = f"{loop() if loop else 'portable'} statistics"
     return f"C (_native), {crc}, {statistics}"
