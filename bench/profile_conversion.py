@@ -10,8 +10,8 @@ shard writer, device writes, digest, gzip, shard closer), so their wall times ov
 conversion's. The wrappers cost a few microseconds a call (a few thousand calls a conversion). CRC32C is fused
 into the C framing loop, so its share is measured apart: the CRC32C of the same shard bytes in one call, on one
 thread.
-Arrow's CSV parse runs on Arrow's own thread pool, which no wrapper sees: its CPU is in "the rest" (the
-process's CPU-s less every phase's). The digest of the same bytes by each algorithm is timed last, alone.
+A CSV block the C loop does not read is parsed on Arrow's own thread pool, which no wrapper sees: that CPU is in
+"the rest" (the process's CPU-s less every phase's). The digest of the same bytes by each algorithm is timed last, alone.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def instrumented(times: PhaseTimes) -> Iterator[None]:
          times.timed_generator("read+decode (Parquet row groups)", pq.ParquetFile.iter_batches)),
         (npz.NpzReader, "chunks", times.timed_generator("read (.npz member, zip CRC-32)", npz.NpzReader.chunks)),
         (csv, "_line_blocks", times.timed_generator("read (lines; inflate for .gz)", csv._line_blocks)),
-        (csv.CsvReader, "_parse", times.timed("parse (Arrow CSV: this thread; its pool in the rest)",
+        (csv.CsvReader, "_parse", times.timed("parse (C loop, or Arrow CSV: this thread; Arrow's pool in the rest)",
                                                csv.CsvReader._parse)),
         (convert, "coerce", times.timed("coerce", convert.coerce)),
         (convert, "split_hash", times.timed("split hash", convert.split_hash)),

@@ -57,7 +57,6 @@ class CsvReader:
         if duplicates:
             raise ConversionError(f"{source.uri} line 1 repeats column name(s) {duplicates}; make them unique")
         self._types: dict[str, pa.DataType] | None = None  # None: not known (yet)
-        self._numeric_types: dict[str, pa.DataType] = {}
         self._guess_numbers = False
 
     def available_columns(self) -> list[str]:
@@ -66,7 +65,6 @@ class CsvReader:
     def use_types(self, types: Mapping[str, pa.DataType]) -> None:
         """Parse the blocks still to come straight to these Arrow types (int64, float32; binary for text)."""
         self._types = dict(types)
-        self._numeric_types = {name: t for name, t in types.items() if pa.types.is_integer(t) or pa.types.is_floating(t)}
 
     def guess_number_types(self) -> None:
         """Until `use_types`, give a block whose needed columns are all numbers in a plain form on every line as
@@ -108,7 +106,8 @@ class CsvReader:
         if columns is not None:
             return RawChunk(uri=self.source.uri, unit="line", columns=columns, num_rows=num_lines,
                             positions_fn=lambda: line_start + np.arange(num_lines), num_bytes=num_bytes)
-        typed = {n: t for n, t in self._numeric_types.items() if n in needed}
+        typed = {n: t for n, t in (self._types or {}).items()  # the numeric ones: Arrow's typed parse
+                 if n in needed and (pa.types.is_integer(t) or pa.types.is_floating(t))}
         if typed and (b" " in text or b"\t" in text):
             typed = {}
         one_row_per_line = b"\r" not in text or text.count(b"\r") == text.count(b"\r\n")
