@@ -129,7 +129,7 @@ def instrumented(times: PhaseTimes) -> Iterator[None]:
         (pq.ParquetFile, "iter_batches",
          times.timed_generator("read+decode (Parquet row groups)", pq.ParquetFile.iter_batches)),
         (npz.NpzReader, "chunks", times.timed_generator("read (.npz member, zip CRC-32)", npz.NpzReader.chunks)),
-        (csv, "_line_blocks", times.timed_generator("read (lines; inflate for .gz)", csv._line_blocks)),
+        (csv, "record_blocks", times.timed_generator("read (records; inflate for .gz)", csv.record_blocks)),
         (csv.CsvReader, "_parse", times.timed("parse (C loop, or Arrow CSV: this thread; Arrow's pool in the rest)",
                                                csv.CsvReader._parse)),
         (convert, "coerce", times.timed("coerce", convert.coerce)),

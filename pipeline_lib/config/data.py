@@ -13,6 +13,7 @@ from pipeline_lib.config.base import (
     SecretSettings,
     _Frozen,
 )
+from pipeline_lib.config.csv import CsvOptions
 
 
 class SplitConfig(_Frozen):
@@ -39,7 +40,7 @@ class ColumnMissing(_Frozen):  # the settings that apply to one column, override
     missing_indicator: bool
 
 
-class DataConfig(_Frozen):
+class DataConfig(CsvOptions):
     source: str  # fsspec URI or glob
     format: DataFormat = DataFormat.AUTO
     label: str
@@ -52,13 +53,14 @@ class DataConfig(_Frozen):
     # shards 15-35 % larger; conversion is meant to keep pace with the disk.
     compression_level: int = Field(1, ge=0, le=9)
     on_bad_record: OnBadRecord = OnBadRecord.FAIL
-    csv_delimiter: str = ","
     read_chunk_rows: int = Field(65536, ge=1)
     missing: MissingPolicy = MissingPolicy.IMPUTE  # features only: a missing label is a bad record
     impute_with: ImputeWith = ImputeWith.MEAN
     impute_value: float = 0.0  # with impute_with: constant
     missing_indicator: bool = False  # impute: add a `<column>_missing` 0/1 input to the model
     missing_columns: dict[str, ColumnMissingConfig] = Field(default_factory=dict)
+    # CSV and JSONL columns of ISO 8601 dates or timestamps, read as instants (Parquet's are typed already).
+    parse_dates: tuple[str, ...] = ()
 
     def missing_for(self, column: str) -> ColumnMissing:
         """The missing-value settings of `column`: its `missing_columns` entry over the data defaults."""

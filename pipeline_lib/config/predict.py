@@ -11,8 +11,8 @@ from pipeline_lib.config.base import (
     OnBadRecord,
     SecretSettings,
     SecretUri,
-    _Frozen,
 )
+from pipeline_lib.config.csv import CsvOptions
 
 # Rows per chunk: each chunk is read, converted and scored in one call of the model, and is the unit that bounds
 # memory (two chunks in flight: one read ahead, one scored; one written).
@@ -24,7 +24,7 @@ class OutputFormat(str, enum.Enum):
     CSV = "csv"
 
 
-class PredictConfig(_Frozen):
+class PredictConfig(CsvOptions):
     """One batch-scoring run: MODEL on every row of INPUT, predictions (and the kept columns) to OUTPUT.
 
     `model`: an export directory (local or any fsspec URI: `saved_model/` and `export_manifest.json`) or an MLflow
@@ -43,7 +43,6 @@ class PredictConfig(_Frozen):
                                                                   "what bounds memory")
     on_bad_record: OnBadRecord = Field(OnBadRecord.FAIL, description="fail: stop at the first bad row, naming it; "
                                                                      "skip: drop bad rows and count them")
-    csv_delimiter: str = ","
     tracking_uri: SecretUri = Field(None, description="The MLflow store of a models:/ or runs:/ URI (default: "
                                                       "$MLFLOW_TRACKING_URI)")
     storage_options: SecretSettings = Field(default_factory=dict, description="fsspec options of the input, the "

@@ -27,6 +27,8 @@
    numeric_statistics(...)       one numeric column's statistics for both splits (in _native_statistics.c).
    parse_csv_block(...)          a block of plain CSV lines straight into float32 and int64 columns (in
                                  _native_csv.c).
+   csv_record_ends(...)          where the records of a block of CSV end: the line ends outside quoted fields (in
+                                 _native_csv.c).
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h> /* first: its pyconfig.h defines _GNU_SOURCE, which sync_file_range needs */
@@ -434,6 +436,7 @@ PyObject *statistics_loop(PyObject *self, PyObject *unused);
 PyObject *numeric_statistics(PyObject *self, PyObject *args);
 /* _native_csv.c */
 PyObject *parse_csv_block(PyObject *self, PyObject *args);
+PyObject *csv_record_ends(PyObject *self, PyObject *args);
 
 static PyObject *crc_loop(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(have_sse42 ? "hardware" : "table");
@@ -471,6 +474,8 @@ static PyMethodDef methods[] = {
      "numeric_statistics(values, split, train_keys, eval_keys, shift): per split (count, missing, mean, m2, min, max)"},
     {"parse_csv_block", parse_csv_block, METH_VARARGS,
      "parse_csv_block(text, delimiter, kinds, outputs, num_lines): plain CSV lines into typed columns; False if not plain"},
+    {"csv_record_ends", csv_record_ends, METH_VARARGS,
+     "csv_record_ends(text, delimiter, quote, start, state, limit): (int64 ends of the records, the scan's state)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -285,3 +285,90 @@ done:
     PyBuffer_Release(&text);
     return result;
 }
+
+/* csv_record_ends(text, delimiter, quote, start, state, limit) -> (ends, state)
+
+   Where the records of RFC 4180 CSV end: the position after each b"\n" that is not inside a quoted field, from
+   `start` on, as the bytes of an int64 array; at most `limit` of them (limit <= 0: every one). `state` is the
+   scanner's state at `start` (RECORD_START at a record's start) and the returned one its state where the scan
+   stopped (after the last end, when `limit` ended it; at the end of the text otherwise), so a scan resumes over
+   bytes read later. `quote` is the quote byte, or -1 for CSV without quoting.
+
+   The rules are Arrow's parser's (`pyarrow.csv`): a quote opens a quoted field only as a field's first byte; in
+   a quoted field, two quotes are one quote and one quote closes it; after the closing quote, bytes up to the
+   next delimiter or line end belong to the field. A lone b"\r" is a byte like any other here (the reader sends
+   blocks holding one to Arrow's line-by-line parse). */
+#define RECORD_START 0 /* also the start of any field */
+#define IN_FIELD 1
+#define IN_QUOTES 2
+#define QUOTE_IN_QUOTES 3 /* a quote inside a quoted field: it closes the field, or a second one follows */
+
+PyObject *csv_record_ends(PyObject *self, PyObject *args) {
+    Py_buffer text;
+    const char *delimiter;
+    Py_ssize_t delimiter_size, start, limit;
+    int quote, state;
+    if (!PyArg_ParseTuple(args, "y*s#inin", &text, &delimiter, &delimiter_size, &quote, &start, &state, &limit))
+        return NULL;
+    PyObject *result = NULL;
+    int64_t *ends = NULL;
+    Py_ssize_t count = 0, capacity = 1024;
+    if (delimiter_size != 1 || start < 0 || start > text.len || state < RECORD_START || state > QUOTE_IN_QUOTES) {
+        PyErr_SetString(PyExc_ValueError, "need a one-byte delimiter, 0 <= start <= len(text) and a state 0..3");
+        goto done;
+    }
+    ends = PyMem_Malloc(capacity * sizeof *ends);
+    if (ends == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const unsigned char *p = (const unsigned char *)text.buf + start, *end = (const unsigned char *)text.buf + text.len;
+    const unsigned char d = (unsigned char)delimiter[0];
+    const int q = quote;
+    while (p < end) {
+        const unsigned char c = *p++;
+        switch (state) {
+        case IN_QUOTES:
+            if (c == q) state = QUOTE_IN_QUOTES;
+            else {  /* the rest of the quoted text up to the next quote in one step */
+                const unsigned char *next = memchr(p, q, (size_t)(end - p));
+                p = next ? next : end;
+            }
+            continue;
+        case QUOTE_IN_QUOTES:
+            if (c == q) {
+                state = IN_QUOTES;
+                continue;
+            }
+            break;
+        case RECORD_START:
+            if (c == q) {
+                state = IN_QUOTES;
+                continue;
+            }
+            break;
+        }
+        /* outside quotes (a field's first byte, a plain field, or after a closing quote) */
+        if (c == '\n') {
+            if (count == capacity) {
+                int64_t *grown = PyMem_Realloc(ends, 2 * capacity * sizeof *ends);
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                ends = grown, capacity *= 2;
+            }
+            ends[count++] = (int64_t)(p - (const unsigned char *)text.buf);
+            state = RECORD_START;
+            if (limit > 0 && count == limit) break;
+        } else {
+            state = c == d ? RECORD_START : IN_FIELD;
+        }
+    }
+    PyObject *array = PyBytes_FromStringAndSize((const char *)ends, count * (Py_ssize_t)sizeof *ends);
+    if (array != NULL) result = Py_BuildValue("(Ni)", array, state);
+done:
+    PyMem_Free(ends);
+    PyBuffer_Release(&text);
+    return result;
+}

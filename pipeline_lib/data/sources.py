@@ -17,7 +17,7 @@ from pipeline_lib.data.errors import ConversionError, raise_if_outage
 from pipeline_lib.data.manifest import SourceFile, SourceFingerprint
 
 # Bump when the bytes written for the same input and settings change: it is part of the fingerprint.
-CONVERSION_VERSION = 2  # 2: statistics.json, missing values
+CONVERSION_VERSION = 3  # 2: statistics.json, missing values; 3: RFC 4180 CSV, dates and times, dictionaries
 
 EXTENSIONS = {
     ".csv": DataFormat.CSV,
@@ -134,7 +134,10 @@ def _settings(data: DataConfig) -> dict[str, Any]:
         "compression": data.compression.value,
         **({"compression_level": data.compression_level} if data.compression == Compression.GZIP else {}),
         "on_bad_record": data.on_bad_record.value,
-        "csv_delimiter": data.csv_delimiter,
+        "csv": {"delimiter": data.csv_delimiter, "quote_char": data.csv_quote_char,
+                "column_names": list(data.csv_column_names) if data.csv_column_names is not None else None,
+                "encoding": data.csv_encoding},
+        "parse_dates": list(data.parse_dates),
         # Missing values change the rows written (skip) and statistics.json (the fill values it records).
         "missing": {name: data.missing_for(name).model_dump(mode="json")
                     for name in ["", *sorted(data.missing_columns)]},

@@ -26,7 +26,7 @@ def test_a_parquet_profile_times_every_phase_and_restores_the_library(capsys):
 
 def test_a_gzip_csv_profile_times_the_inflating_read_and_the_parse(capsys):
     times = profile_conversion.profile("csv_gz", rows=2000, width=4)
-    assert times.calls["read (lines; inflate for .gz)"] and times.calls["parse (C loop, or Arrow CSV: this thread; Arrow's pool in the rest)"]
+    assert times.calls["read (records; inflate for .gz)"] and times.calls["parse (C loop, or Arrow CSV: this thread; Arrow's pool in the rest)"]
 
 
 def test_a_phase_timed_inside_another_counts_once():

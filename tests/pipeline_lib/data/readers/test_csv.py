@@ -113,12 +113,12 @@ def test_a_bad_value_in_a_block_parsed_to_numbers_fails_naming_its_line(tmp_path
 
 
 @pytest.mark.parametrize("num_lines", [1, 3, 50])
-def test_line_blocks_hold_whole_lines_and_count_them(num_lines):
+def test_record_blocks_hold_whole_lines_and_count_them(num_lines):
     lines = [f"{i}," + "x" * (i % 17) + ("\r\n" if i % 5 == 0 else "\n") for i in range(103)]
     text = "".join(lines).encode()
     for last_newline in (True, False):
         data = text if last_newline else text[:-1]
-        blocks = list(csv_reader._line_blocks(io.BytesIO(data), num_lines))
+        blocks = list(csv_reader.record_blocks(io.BytesIO(data), num_lines))
         assert [n for _, n, _ in blocks] == [num_lines] * (103 // num_lines) + ([103 % num_lines] if 103 % num_lines else [])
         assert b"".join(block for block, _, _ in blocks) == text  # a missing last newline is added
         assert sum(size for _, _, size in blocks) == len(data)
