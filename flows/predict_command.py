@@ -26,6 +26,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-bad-record", choices=["fail", "skip"], default="fail",
                    help="fail: stop at the first bad row, naming its file, line and column (exit 2); skip: score the "
                         "others and count the bad ones (default: fail)")
+    p.add_argument("--csv-delimiter", default=None, metavar="CHAR",
+                   help="a CSV input's delimiter, as the config's data.csv_delimiter (default ',')")
+    p.add_argument("--csv-quote-char", default=None, metavar="CHAR",
+                   help="a CSV input's quote character, or 'none' for a CSV without quoting (default '\"')")
+    p.add_argument("--csv-column-names", nargs="+", default=None, metavar="NAME",
+                   help="the column names of a CSV input without a header row (its first line is data)")
+    p.add_argument("--csv-encoding", default=None, metavar="NAME",
+                   help="a CSV input's encoding: utf-8, latin-1 or cp1252 (default utf-8)")
     p.add_argument("--tracking-uri", default=None,
                    help="the MLflow store of a models:/ or runs:/ URI (default: $MLFLOW_TRACKING_URI, else the "
                         "bundled config's)")
@@ -48,6 +56,12 @@ def predict_config(args: argparse.Namespace):
               "on_bad_record": args.on_bad_record, "tracking_uri": tracking_uri}
     if args.batch_rows is not None:
         values["batch_rows"] = args.batch_rows
+    # The CSV options a conversion takes (data.csv_*), so that a table that converts can be scored.
+    csv_options = {"csv_delimiter": args.csv_delimiter, "csv_encoding": args.csv_encoding,
+                   "csv_column_names": tuple(args.csv_column_names) if args.csv_column_names else None,
+                   "csv_quote_char": None if args.csv_quote_char == "none" else args.csv_quote_char}
+    values.update({name: value for name, value in csv_options.items()
+                   if value is not None or (name == "csv_quote_char" and args.csv_quote_char == "none")})
     try:
         return PredictConfig(**values)
     except ValidationError as error:

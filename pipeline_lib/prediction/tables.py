@@ -19,6 +19,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from pipeline_lib.config import DataConfig, DataFormat, OutputFormat, PredictConfig
+from pipeline_lib.config.csv import CsvOptions
 from pipeline_lib.core import storage
 from pipeline_lib.data.readers.base import MISSING, RawChunk
 from pipeline_lib.data.readers.registry import open_reader
@@ -64,8 +65,8 @@ def read_chunks(config: PredictConfig, columns: Sequence[Mapping[str, Any]], lab
         ConversionError: INPUT names no readable file.
     """
     data = DataConfig(source=config.input, format=config.input_format, label=label,
-                      storage_options=dict(config.storage_options), csv_delimiter=config.csv_delimiter,
-                      read_chunk_rows=config.batch_rows)
+                      storage_options=dict(config.storage_options), read_chunk_rows=config.batch_rows,
+                      **{name: getattr(config, name) for name in CsvOptions.model_fields})
     fs, files = list_source(data)
     names = [c["name"] for c in columns]
     numbers = {c["name"] for c in columns if c["dtype"] != "string"}

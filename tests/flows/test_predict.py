@@ -82,6 +82,24 @@ def test_csv_and_json_lines_with_missing_cells_score_into_csv_with_a_sidecar(dig
     assert tables.read_metadata(str(output))["rows"] == 300  # scored.csv.meta.json
 
 
+def test_a_csv_that_converts_with_csv_options_scores_with_the_same_options(digits_run, digits, tmp_path):
+    """No header row, ';' between fields, quotes around a kept note that holds line breaks, Latin-1 text: the
+    data.csv_* options as `tfdag predict` flags, over chunks smaller than the file."""
+    frame, expected = digits
+    frame, expected = frame.iloc[:200].copy(), expected.iloc[:200]
+    notes = frame.assign(note=[f"Zürich\nline {i}; \"quoted\"" for i in range(200)])
+    source = tmp_path / "digits.csv"
+    notes.to_csv(source, index=False, header=False, sep=";", encoding="latin-1")
+    output = tmp_path / "scored.parquet"
+    code = cli.main(["predict", digits_run.summary.export_dir, str(source), str(output), "--keep", "id",
+                     "--keep", "note", "--batch-rows", "64", "--csv-delimiter", ";", "--csv-encoding", "latin-1",
+                     "--csv-column-names", *notes.columns])
+    assert code == 0
+    scored = pd.read_parquet(output)
+    assert scored["note"].tolist() == notes["note"].tolist()
+    _assert_predictions(scored.drop(columns=["note"]).astype({"id": int}), frame, expected)  # kept CSV cells: text
+
+
 # The one test here that starts a process: peak memory is a property of a whole process. ~20 s on 2 idle cores:
 # TensorFlow's import and 320,000 rows scored.
 def test_a_parquet_file_larger_than_the_memory_bound_scores_in_bounded_memory(digits_run, digits, tmp_path):

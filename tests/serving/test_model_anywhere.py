@@ -4,6 +4,7 @@ table's raw rows (strings as strings, missing cells as None/NaN/null, extra colu
 
 from __future__ import annotations
 
+import io
 import json
 import urllib.error
 import urllib.request
@@ -186,6 +187,16 @@ def test_mlflow_models_serve_answers_raw_rows(served_models, scoring_server):
         status, body = _post(scoring_server.url, payload)
         assert status == 200, body
         _assert_same_predictions(pd.DataFrame(body["predictions"]), expected)
+
+    # A CSV body, as RFC 4180 writes a table that converts: a quoted text value holding a line break, a quote, the
+    # delimiter and non-ASCII characters; the server reads it with pandas.
+    strings = [s.name for s in served_models.classifier.manifest.feature_schema.features if s.dtype.value == "string"]
+    text = rows.assign(**{strings[0]: ['Zürich\r\nline 2, "quoted"'] + rows[strings[0]].tolist()[1:]}).to_csv(index=False)
+    request = urllib.request.Request(f"{scoring_server.url}/invocations", data=text.encode(),
+                                     headers={"Content-Type": "text/csv"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        got = pd.DataFrame(json.loads(response.read())["predictions"])
+    _assert_same_predictions(got, _expected(served_models.classifier, pd.read_csv(io.StringIO(text))))
 
     # A column of nulls only: pandas makes it an object column of None, still a missing value per row.
     status, body = _post(scoring_server.url, {"dataframe_records": [{**r, "cellar": None} for r in records]})
