@@ -1,11 +1,15 @@
-"""The C loops (`_native.c`) give the bytes and hashes of the pure-Python path, and local shards are durable."""
+"""The C loops (`_native.c`) give the bytes and hashes of the pure-Python path, their absence is never silent, and
+local shards are durable."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
+import sys
 import sysconfig
+from pathlib import Path
 
 import crc32c
 import numpy as np
@@ -224,11 +228,8 @@ def test_conversion_writes_identical_shards_with_and_without_the_extension(built
         table = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 5), "n": n, "label": label})
         source = tmp_path / "rows.parquet"
         pq.write_table(table, source)
-    else:  # numbers only, so the C loop parses the blocks (its types guessed for the first)
-        source = tmp_path / "rows.csv"
-        columns = {**{f"x{j}": np.round(x[:, j], 4) for j in range(5)}, "n": n, "label": label}
-        source.write_text(",".join(columns) + "\n" + "\n".join(",".join(str(v) for v in row)
-                                                            for row in zip(*columns.values())) + "\n")
+    else:
+        source = _numbers_csv(tmp_path / "rows.csv", x, n, label)
     data = DataConfig(source=str(source), label="label", target_shard_mb=0.05, read_chunk_rows=1000)
     fast = convert(data, str(tmp_path / "native"))
     _pure_python(monkeypatch)
@@ -238,6 +239,55 @@ def test_conversion_writes_identical_shards_with_and_without_the_extension(built
     ]
     assert fast.feature_schema == slow.feature_schema
     assert len(fast.shards) > 2
+
+
+def _numbers_csv(path: Path, x: np.ndarray, n: np.ndarray, label: np.ndarray) -> Path:
+    """Numbers only, so the C loop parses the blocks (its types guessed for the first)."""
+    columns = {**{f"x{j}": np.round(x[:, j], 4) for j in range(x.shape[1])}, "n": n, "label": label}
+    path.write_text(",".join(columns) + "\n" + "\n".join(",".join(str(v) for v in row)
+                                                      for row in zip(*columns.values())) + "\n")
+    return path
+
+
+# A process where the extension does not import, as after an install without a C compiler (None in sys.modules makes
+# the import fail), imports the conversion path several ways and converts twice, recording every log record.
+_WITHOUT_THE_EXTENSION = """
+import importlib, json, logging, sys
+sys.modules["pipeline_lib.core._native"] = None
+records = []
+handler = logging.Handler()
+handler.emit = records.append
+logging.getLogger().addHandler(handler)
+from pipeline_lib.config import DataConfig
+from pipeline_lib.core import native
+from pipeline_lib.data.convert import convert
+import pipeline_lib.data.framing, pipeline_lib.data.split, pipeline_lib.data.accumulators
+importlib.import_module("pipeline_lib.core.native")
+source, out = sys.argv[1:]
+data = DataConfig(source=source, label="label", target_shard_mb=0.05, read_chunk_rows=1000)
+shards = [[(s.path, s.num_records, s.digest) for s in convert(data, f"{out}/{i}").shards] for i in range(2)]
+print(json.dumps({"module": repr(native.module), "describe": native.describe(), "shards": shards,
+                  "warnings": [r.getMessage() for r in records if "_native" in r.getMessage()]}))
+"""
+
+
+def test_a_process_without_the_built_extension_warns_once_and_converts_to_the_same_shards(built, tmp_path):
+    rng = np.random.default_rng(2)
+    source = _numbers_csv(tmp_path / "rows.csv", rng.normal(size=(2000, 3)).astype(np.float32),
+                          rng.integers(-1000, 1000, size=2000), rng.integers(0, 3, size=2000))
+    out = subprocess.run([sys.executable, "-c", _WITHOUT_THE_EXTENSION, str(source), str(tmp_path / "python")],
+                         cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert (result["module"], result["describe"]) == ("None", "pure Python (the _native extension is not built)")
+    [warning] = result["warnings"]  # once, though imported several ways and converted twice
+    for text in ("pipeline_lib.core._native did not load", "much slower", "C compiler", "Python headers",
+                 "make install", "pip install -e ."):
+        assert text in warning, warning
+    data = DataConfig(source=str(source), label="label", target_shard_mb=0.05, read_chunk_rows=1000)
+    fast = [[s.path, s.num_records, s.digest] for s in convert(data, str(tmp_path / "native")).shards]
+    assert len(fast) > 2 and result["shards"] == [fast, fast]
 
 
 def _plain_numbers(rng, count: int, integers: bool) -> list[str]:
