@@ -15,11 +15,13 @@ def _spread(samples: Sequence[float]) -> list[float]:
     return [float(min(samples)), float(max(samples))]
 
 
-def case(name: str, value: float | Sequence[float], baseline: float | Sequence[float], target: float, *,
+def case(name: str, value: float | Sequence[float], baseline: float | Sequence[float], target: float | None, *,
          higher_is_better: bool = True, unit: str = "", baseline_name: str = "", bound: str = "") -> dict:
     """One comparison of tfdag (`value`) with `baseline_name` (`baseline`): single numbers or the samples of
     interleaved repetitions. The ratio is value/baseline of the medians (baseline/value when lower is better),
-    so ratio ≥ target always means the target is met. `bound` is one sentence on what limits the case.
+    so ratio ≥ target always means the target is met; a `target` of None makes the ratio a reported figure
+    (`met` None), for a baseline that moves too much from run to run to hold a target against.
+    `bound` is one sentence on what limits the case.
     """
     values = [float(v) for v in value] if isinstance(value, Sequence) else [float(value)]
     baselines = [float(b) for b in baseline] if isinstance(baseline, Sequence) else [float(baseline)]
@@ -28,7 +30,8 @@ def case(name: str, value: float | Sequence[float], baseline: float | Sequence[f
     return {"name": name, "status": "run", "kind": "ratio", "unit": unit, "value": median,
             "value_spread": _spread(values), "baseline": base, "baseline_spread": _spread(baselines),
             "baseline_name": baseline_name, "repetitions": min(len(values), len(baselines)),
-            "ratio": float(ratio), "target": float(target), "met": bool(ratio >= target),
+            "ratio": float(ratio), "target": None if target is None else float(target),
+            "met": None if target is None else bool(ratio >= target),
             "higher_is_better": higher_is_better, "bound": bound}
 
 

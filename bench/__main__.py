@@ -49,6 +49,8 @@ def print_table(cases: list[dict]) -> None:
         elif c.get("kind") == "budget":
             print(f"{c['name']:<64} {c['value']:>12.4g} {'(budget)':>12} {'':>7} {c['target']:>7.2f}  "
                   f"{'yes' if c['met'] else 'NO'}")
+        elif c.get("target") is None:
+            print(f"{c['name']:<64} {c['value']:>12.4g} {c['baseline']:>12.4g} {c['ratio']:>7.2f} {'-':>7}  reported")
         else:
             print(f"{c['name']:<64} {c['value']:>12.4g} {c['baseline']:>12.4g} {c['ratio']:>7.2f} "
                   f"{c['target']:>7.2f}  {'yes' if c['met'] else 'NO'}")

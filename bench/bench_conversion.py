@@ -278,20 +278,22 @@ def run(rows: int = 2_000_000, width: int = 32, quick: bool = False, repeats: in
             print(f"  {name}: {median(name):.3f}s (min {min(samples[name]):.3f}, max {max(samples[name]):.3f})")
         print(f"  gzip shards {size['csv_gzip'] / 1e6:.1f} MB vs {size['csv'] / 1e6:.1f} MB uncompressed")
 
+        # The O_DIRECT write is the disk's ceiling, reported with no target: this VM's disk moves it between 0.9
+        # and 1.8 GB/s from run to run.
         direct = "O_DIRECT write of the same shard bytes"
         disk_bound = ("CPU on a small machine (decode, split hash, statistics, encode, digest) against the disk's "
                       "direct write rate of the same bytes")
         cases = [
             case("conversion from Parquet vs O_DIRECT write of its shards (MB/s)", mb_s("parquet", "parquet"),
-                 mb_s("direct_parquet", "parquet"), 0.6, unit="MB/s", baseline_name=direct,
+                 mb_s("direct_parquet", "parquet"), None, unit="MB/s", baseline_name=direct,
                  bound="Parquet's fixed-size-list decoding, encoding and the shards' digest on the CPU; the disk's "
                        "direct write rate is the ceiling."),
             case("conversion from .npz vs O_DIRECT write of its shards (MB/s)", mb_s("npz", "parquet"),
-                 mb_s("direct_parquet", "parquet"), 0.6, unit="MB/s", baseline_name=direct,
+                 mb_s("direct_parquet", "parquet"), None, unit="MB/s", baseline_name=direct,
                  bound="the .npz member's zip CRC-32, encoding and the shards' digest on the CPU; the disk's direct "
                        "write rate is the ceiling."),
             case("conversion from wide Parquet vs O_DIRECT write of its shards (MB/s)", mb_s("wide", "wide"),
-                 mb_s("direct_wide", "wide"), 0.6, unit="MB/s", baseline_name=direct, bound=disk_bound + "."),
+                 mb_s("direct_wide", "wide"), None, unit="MB/s", baseline_name=direct, bound=disk_bound + "."),
             case("conversion from CSV vs pyarrow.csv.read_csv alone (rows/s)",
                  [csv_rows / t for t in samples["csv"]], [csv_rows / t for t in samples["read_csv"]], 0.7,
                  unit="rows/s", baseline_name="pyarrow.csv.read_csv of the file",
@@ -303,7 +305,7 @@ def run(rows: int = 2_000_000, width: int = 32, quick: bool = False, repeats: in
                  bound="one gzip stream inflated on one core (conversion: ISA-L's inflate, read_csv: zlib's), beside "
                        "the parse (conversion: the C parse) and, in conversion, encoding, the digest and writes."),
             case("conversion from CSV vs O_DIRECT write of its shards (MB/s)", mb_s("csv", "csv"),
-                 mb_s("direct_csv", "csv"), 0.5, unit="MB/s", baseline_name=direct,
+                 mb_s("direct_csv", "csv"), None, unit="MB/s", baseline_name=direct,
                  bound="reading the blocks of lines and their C parse, encoding and the digest on the CPU; the disk "
                        "is far from the limit."),
             case("conversion from CSV, gzip vs uncompressed (rows/s)", [csv_rows / t for t in samples["csv_gzip"]],

@@ -47,6 +47,8 @@ def _row(case: dict) -> str:
     baseline = case.get("baseline_name") or "baseline"
     base = f"{baseline}: {_with_spread(case['baseline'], case.get('baseline_spread'))}{unit}"
     better = "" if case.get("higher_is_better", True) else " (lower is better)"
+    if case.get("target") is None:  # a ratio reported, with no target
+        return f"| {name} | {tfdag} | {base} | {case['ratio']:.2f}{better} | reported | | {case.get('bound', '')} |"
     return (f"| {name} | {tfdag} | {base} | {case['ratio']:.2f}{better} | ≥ {case['target']:.3g} | "
             f"{'yes' if case['met'] else 'no'} | {case.get('bound', '')} |")
 

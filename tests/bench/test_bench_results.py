@@ -20,6 +20,9 @@ def test_case_records_medians_spreads_and_the_ratio_of_the_medians():
     assert (record["ratio"], record["met"], record["repetitions"]) == (2.5, True, 5)
     lower = bench.case("rss", 200.0, 150.0, 0.67, higher_is_better=False)
     assert lower["ratio"] == pytest.approx(0.75) and lower["met"]
+    reported = bench.case("disk", [1.0, 2.0], [4.0, 4.0], None, unit="MB/s", baseline_name="O_DIRECT")
+    assert (reported["ratio"], reported["target"], reported["met"]) == (0.375, None, None)
+    assert "| 0.38 | reported | |" in table._row(reported)
 
 
 def test_budget_and_not_run():

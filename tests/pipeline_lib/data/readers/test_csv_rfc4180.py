@@ -182,3 +182,16 @@ def test_record_blocks_never_end_inside_a_quote_whatever_the_reads(tmp_path):
         for block, n, _ in blocks:
             assert pacsv.read_csv(io.BytesIO(block), read_options=pacsv.ReadOptions(autogenerate_column_names=True),
                                   parse_options=pacsv.ParseOptions(newlines_in_values=True)).num_rows == n
+
+
+def test_the_reported_table_at_scale_converts_every_row_with_the_default_block_size(tmp_path):
+    """The case that was refused: more rows than one default block (65,536 records), quoted text with line breaks
+    throughout; with on_bad_record: skip nothing is dropped either."""
+    frame = _frame(90_000, seed=5)
+    path = tmp_path / "notes.csv"
+    frame.to_csv(path, index=False)
+    assert path.read_bytes().count(b"\n") > 100_000  # more lines than records: the old cut fell inside quotes
+    manifest = convert(DataConfig(source=str(path), label="y", on_bad_record="skip"), str(tmp_path / "out"))
+    assert manifest.num_bad_records == 0
+    assert manifest.num_records("train") + manifest.num_records("eval") == 90_000
+    assert _rows_by_id(manifest) == _expected(frame)
