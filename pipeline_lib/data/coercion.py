@@ -11,9 +11,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline_lib.config import DataFormat
-from pipeline_lib.data.manifest import DType
+from pipeline_lib.data.manifest import DType, TimeKind
 from pipeline_lib.data.readers.base import MISSING, is_missing
-from pipeline_lib.data.schema import ColumnType, is_list, is_text
+from pipeline_lib.data.schema import ISO_DATE, ColumnType, is_list, is_text
+from pipeline_lib.data.tfdag_instants import MICROS_PER_DAY, instant_of
 
 _INT64_RANGE = (-(1 << 63), (1 << 63) - 1)
 
@@ -30,6 +31,12 @@ class Column:
 def arrow_type(ctype: ColumnType) -> pa.DataType:
     """The Arrow type of a column's values (of each element, for a vector column) once coerced to `ctype`."""
     return {DType.INT64: pa.int64(), DType.FLOAT32: pa.float32(), DType.STRING: pa.binary()}[ctype.dtype]
+
+
+def reader_type(ctype: ColumnType) -> pa.DataType:
+    """The Arrow type a reader of text may parse a column to (`Reader.use_types`): `arrow_type`, but text for a
+    date or timestamp column, whose ISO 8601 strings coercion parses."""
+    return pa.binary() if ctype.time is not None else arrow_type(ctype)
 
 
 def _cast(values: pa.Array, target: pa.DataType) -> pa.Array:
@@ -255,8 +262,115 @@ def _python_problem(value: Any, ctype: ColumnType) -> str | None:
     return None
 
 
+# Microseconds per unit of an Arrow timestamp (ns: divided instead).
+_MICROS_PER = {"s": 1_000_000, "ms": 1_000, "us": 1}
+
+
+def _time_values(raw: pa.Array, ctype: ColumnType, mark: _Marker) -> np.ndarray:
+    """An Arrow timestamp or date array as int64 instants: floored to whole microseconds (ns), or to whole days
+    (a timestamp in a date column); a value beyond the int64 range of the unit is a bad value."""
+    storage = pa.int32() if pa.types.is_date32(raw.type) else pa.int64()
+    ints = raw.view(storage).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    if pa.types.is_date32(raw.type):
+        days = ints
+    elif pa.types.is_date64(raw.type):  # milliseconds, whole days by the format's rule
+        days = np.floor_divide(ints, 86_400_000)
+    else:
+        unit = raw.type.unit
+        if unit == "ns":
+            micros = np.floor_divide(ints, 1_000)
+        else:
+            limit = np.iinfo(np.int64).max // _MICROS_PER[unit]
+            out_of_range = np.abs(ints) > limit
+            if out_of_range.any():
+                mark(np.flatnonzero(out_of_range), f"is beyond the int64 range of microseconds (a {raw.type})")
+            micros = np.where(out_of_range, 0, ints) * _MICROS_PER[unit]
+        return np.floor_divide(micros, MICROS_PER_DAY) if ctype.time == TimeKind.DATE else micros
+    if ctype.time == TimeKind.DATE:
+        return days
+    limit = np.iinfo(np.int64).max // MICROS_PER_DAY
+    out_of_range = np.abs(days) > limit
+    if out_of_range.any():
+        mark(np.flatnonzero(out_of_range), "is beyond the int64 range of microseconds")
+    return np.where(out_of_range, 0, days) * MICROS_PER_DAY
+
+
+def _parse_instants(texts: list[Any], ctype: ColumnType, mark: _Marker, skip: np.ndarray) -> np.ndarray:
+    """Values that are ISO 8601 strings (`instant_of`) as int64 instants; the `skip` rows (missing) stay 0."""
+    out = np.zeros(len(texts), np.int64)
+    why = f"cannot be converted to {ctype.time.value} (the type inferred from the first chunk)"
+    seen: dict[Any, int | None] = {}  # dates repeat: each distinct string is parsed once
+    bad = []
+    for row, text in enumerate(texts):
+        if skip[row]:
+            continue
+        if text in seen:
+            instant = seen[text]
+        else:
+            instant = None
+            if isinstance(text, bytes | str):
+                string = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+                # A date column takes dates only: a time of day would be dropped without a word.
+                if ctype.time != TimeKind.DATE or ISO_DATE.fullmatch(string):
+                    try:
+                        instant = instant_of(string, ctype.time.value)
+                    except ValueError:
+                        pass
+            seen[text] = instant
+        if instant is None:
+            bad.append(row)
+        else:
+            out[row] = instant
+    if bad:
+        mark(bad, why)
+    return out
+
+
+def _decoded(raw: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A dictionary-encoded Arrow column as the plain array of its values (a dictionary<string> is strings)."""
+    if isinstance(raw, pa.ChunkedArray):
+        raw = raw.combine_chunks()
+    return raw.dictionary_decode() if pa.types.is_dictionary(raw.type) else raw
+
+
+def _coerce_time(raw: Any, ctype: ColumnType) -> Column:
+    """A date or timestamp column as int64 instants (`FeatureSpec.time`): Arrow timestamps and dates of any unit
+    and time zone by their value (UTC), ISO 8601 strings (CSV, JSONL, Arrow text, numpy) by `instant_of`."""
+    if isinstance(raw, pa.Array | pa.ChunkedArray):
+        raw = _decoded(raw)
+    num_rows = len(raw)
+    mark = _Marker(raw, num_rows)
+    if isinstance(raw, np.ndarray) and raw.dtype.kind == "M":  # NPZ datetime64: floored to the microsecond
+        missing = np.isnat(raw)
+        mark(np.flatnonzero(missing), "is missing")
+        micros = raw.astype("datetime64[us]").astype(np.int64)
+        values = np.floor_divide(micros, MICROS_PER_DAY) if ctype.time == TimeKind.DATE else micros
+        return mark.column(np.where(missing, 0, values).reshape(num_rows))
+    if isinstance(raw, np.ndarray | list):
+        texts = raw.tolist() if isinstance(raw, np.ndarray) else raw
+        missing = np.array([is_missing(v) or v == "" for v in texts], dtype=bool)
+        mark(np.flatnonzero(missing), "is missing")
+        return mark.column(_parse_instants(texts, ctype, mark, missing))
+    missing = raw.is_null()
+    if is_text(raw.type):
+        missing = pc.or_(missing, pc.equal(pc.binary_length(raw), 0))  # an empty cell, in CSV or not
+    missing = missing.to_numpy(zero_copy_only=False)
+    mark(np.flatnonzero(missing), "is missing")
+    if pa.types.is_timestamp(raw.type) or pa.types.is_date(raw.type):
+        return mark.column(_time_values(raw, ctype, mark))
+    if is_text(raw.type):
+        return mark.column(_parse_instants(raw.to_pylist(), ctype, mark, missing))
+    mark(np.flatnonzero(~missing), f"is a {raw.type}, not a {ctype.time.value} (ISO 8601 text or a "
+                                   f"{ctype.time.value} type)")
+    return mark.column(np.zeros(num_rows, np.int64))
+
+
 def coerce(raw: Any, ctype: ColumnType, fmt: DataFormat) -> Column:
     """One column of a chunk converted to `ctype`, whatever its reader (numpy arrays, Python lists or Arrow)."""
+    if ctype.time is not None:
+        return _coerce_time(raw, ctype)
+    if isinstance(raw, pa.Array | pa.ChunkedArray) and pa.types.is_dictionary(raw.type):
+        raw = _decoded(raw)
     if isinstance(raw, np.ndarray):
         return _coerce_numpy(raw, ctype)
     if isinstance(raw, list):

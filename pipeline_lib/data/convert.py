@@ -25,7 +25,7 @@ from pipeline_lib.core import storage
 from pipeline_lib.core.events import ConversionProgress
 from pipeline_lib.data.accumulators import StatisticsBuilder
 from pipeline_lib.data.bad_records import BadRecords
-from pipeline_lib.data.coercion import Column, arrow_type, coerce
+from pipeline_lib.data.coercion import Column, arrow_type, coerce, reader_type
 from pipeline_lib.data.encoding import RECORD_BUFFERS
 from pipeline_lib.data.errors import ConversionError
 from pipeline_lib.data.framing import encode_tfrecord_parts
@@ -39,6 +39,7 @@ from pipeline_lib.data.record_layout import record_layout
 from pipeline_lib.data.schema import (
     ColumnType,
     build_schema,
+    check_parse_dates,
     infer_types,
     select_columns,
 )
@@ -130,6 +131,7 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
     first_reader = open_reader(fs, files[0], data)
     features, needed = select_columns(data, files[0].uri, first_reader.available_columns())
     check_missing_columns(data, features, files[0].uri)
+    check_parse_dates(data, features, files[0].uri)
     first_reader.guess_number_types()
     first_chunks = first_reader.chunks(needed, data.read_chunk_rows)
     first_chunk = next(first_chunks, None)
@@ -139,13 +141,13 @@ def convert(data: DataConfig, output_root: str, storage_options: dict[str, Any] 
             f"{files[0].uri} has no data rows in its first {data.read_chunk_rows} lines or rows; the schema is "
             "inferred from the first chunk, so the first file needs data"
         )
-    types = infer_types(first_chunk, files[0].format)
+    types = infer_types(first_chunk, files[0].format, data.parse_dates)
     label_type = types[data.label]
-    if label_type.shape:
-        raise ConversionError(f"data.label {data.label!r} holds vectors of shape {label_type.shape}; the label "
+    if label_type.shape or label_type.time is not None:
+        raise ConversionError(f"data.label {data.label!r} holds {label_type.describe()} values; the label "
                               "must be one number or string per row")
-    # The CSV reader parses the chunks still to come straight to these types.
-    parse_types = {name: arrow_type(types[name]) for name in needed if not types[name].shape}
+    # The CSV reader parses the chunks still to come straight to these types (dates and timestamps: as text).
+    parse_types = {name: reader_type(types[name]) for name in needed if not types[name].shape}
     first_reader.use_types(parse_types)
     vocabulary = None
     if label_type.dtype == DType.STRING:

@@ -25,12 +25,31 @@ class DType(str, enum.Enum):
     STRING = "string"
 
 
+class TimeKind(str, enum.Enum):
+    """What an int64 time feature counts: microseconds (timestamps) or days (dates) since 1970-01-01 UTC."""
+
+    TIMESTAMP = "timestamp"
+    DATE = "date"
+
+
+def _none(value: Any) -> bool:
+    return value is None
+
+
 class FeatureSpec(_Frozen):
-    """One column of a tf.train.Example: its dtype and fixed shape (() for a scalar, (n,) for a vector)."""
+    """One column of a tf.train.Example: its dtype and fixed shape (() for a scalar, (n,) for a vector).
+
+    A date or timestamp column is an int64 scalar with `time` set (the model derives its calendar parts) and
+    `source_type`, the type it came from (`timestamp[ns, tz=UTC]`, `date32`, `string` under data.parse_dates).
+    Both are left out of the JSON when unset, so the schema, and the manifest's content hash, of a dataset
+    without time columns are what they were before these fields existed.
+    """
 
     name: str
     dtype: DType
     shape: tuple[int, ...] = ()
+    time: TimeKind | None = Field(None, exclude_if=_none)
+    source_type: str | None = Field(None, exclude_if=_none)
 
 
 class Schema(_Frozen):

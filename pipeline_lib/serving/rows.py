@@ -9,7 +9,9 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
-from pipeline_lib.data.manifest import DType, Manifest
+from pipeline_lib.data.manifest import DType, Manifest, TimeKind
+from pipeline_lib.data.statistics import MISSING_INT64
+from pipeline_lib.data.tfdag_instants import MICROS_PER_DAY
 from pipeline_lib.serving.signatures import examples_to_raw, input_names
 from pipeline_lib.training import input_pipeline, staging
 
@@ -23,7 +25,8 @@ def raw_rows(manifest: Manifest, num_rows: int = 5, *, split: str | None = None,
              storage_options: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """The first `num_rows` records of a split as the table's own rows: one column per feature, numbers as
     float64 (each float32's shortest decimal) with NaN for a missing value, strings as str with None for a missing
-    one, vectors as lists."""
+    one, vectors as lists, dates and timestamps as naive datetime64[us] in UTC (a date at midnight) with NaT for a
+    missing one."""
     split = split or example_split(manifest)
     local = staging.stage_split(manifest, split, storage_options=dict(storage_options or {}))
     compression = "GZIP" if local.compression == "gzip" else ""
@@ -34,7 +37,13 @@ def raw_rows(manifest: Manifest, num_rows: int = 5, *, split: str | None = None,
     frame: dict[str, Any] = {}
     for spec in manifest.feature_schema.features:
         values = columns[names[spec.name]].numpy()
-        if spec.dtype == DType.STRING:
+        if spec.time is not None:
+            missing = values == MISSING_INT64
+            stamps = (np.where(missing, 0, values) * (MICROS_PER_DAY if spec.time == TimeKind.DATE else 1)
+                      ).astype("datetime64[us]")
+            stamps[missing] = np.datetime64("NaT")
+            frame[spec.name] = stamps
+        elif spec.dtype == DType.STRING:
             decoded = np.vectorize(lambda v: v.decode() if v else None, otypes=[object])(values)
             frame[spec.name] = list(decoded) if spec.shape else decoded
         else:

@@ -4,6 +4,9 @@ This module imports only numpy, pandas and TensorFlow (and MLflow inside `TfdagM
 logged MLflow model (`code_paths`), where it is imported as the top-level module `tfdag_scoring`, and tfdag's
 own scoring (`tfdag predict`, the model check before registration) uses the same code. The SavedModel it
 loads carries its columns in `assets.extra/tfdag_serving.json`.
+
+A date or timestamp column goes in as its int64 instant: microseconds (timestamps) or days (dates) since
+1970-01-01 UTC, by `tfdag_instants.instant_of`, the rule conversion uses too (it ships beside this module).
 """
 
 from __future__ import annotations
@@ -17,12 +20,24 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+try:  # where the model is loaded: shipped beside this module in code_paths
+    from tfdag_instants import MICROS_PER_DAY, MISSING_INSTANT, instant_of
+    from tfdag_instants import is_missing as _is_missing
+except ImportError:  # where tfdag runs
+    from pipeline_lib.data.tfdag_instants import (
+        MICROS_PER_DAY,
+        MISSING_INSTANT,
+        instant_of,
+    )
+    from pipeline_lib.data.tfdag_instants import is_missing as _is_missing
+
 SERVING_JSON = os.path.join("assets.extra", "tfdag_serving.json")
 SERVING_SIGNATURE = "serving_default"
 EXAMPLES_SIGNATURE = "serve_examples"
 PREDICTION = "prediction"
 PROBABILITY_PREFIX = "probability_"
 DEFAULT_BATCH_ROWS = 4096
+TIME_DTYPES = ("timestamp", "date")  # a serving column's dtype when the model takes an int64 instant
 
 
 class RawRowError(ValueError):
@@ -88,13 +103,33 @@ def _number_column(name: str, values: pd.Series, shape: Sequence[int], offset: i
     return converted.to_numpy(dtype=np.float32, na_value=np.nan), problems
 
 
-def _is_missing(cell: Any) -> bool:
-    if cell is None or cell is pd.NA:
-        return True
-    try:
-        return bool(np.ndim(cell) == 0 and pd.isna(cell))
-    except (TypeError, ValueError):
-        return False
+def _time_column(name: str, values: pd.Series, kind: str, offset: int) -> tuple[np.ndarray, dict[int, RawRowError]]:
+    """The column as int64 instants (`instant_of`; MISSING_INSTANT where missing or bad), and each bad row's
+    problem by its position."""
+    problems: dict[int, RawRowError] = {}
+    if pd.api.types.is_datetime64_any_dtype(values.dtype):  # pandas' own datetimes: at once, no parsing
+        if getattr(values.dtype, "tz", None) is not None:
+            values = values.dt.tz_convert("UTC").dt.tz_localize(None)
+        missing = values.isna().to_numpy()
+        micros = values.to_numpy("datetime64[us]").astype(np.int64)  # floors, as instant_of does
+        out = np.floor_divide(micros, MICROS_PER_DAY) if kind == "date" else micros
+        out[missing] = MISSING_INSTANT
+        return out, problems
+    out = np.full(len(values), MISSING_INSTANT, np.int64)
+    seen: dict[Any, int | None] = {}  # a column of dates repeats its values
+    for position, cell in enumerate(values.to_numpy(dtype=object)):
+        try:
+            if isinstance(cell, str | bytes):
+                instant = seen[cell] if cell in seen else seen.setdefault(cell, instant_of(cell, kind))
+            else:
+                instant = instant_of(cell, kind)
+        except ValueError as error:
+            problems[position] = _bad_value(name, offset + position, cell, str(error),
+                                            "send a datetime, a date or an ISO 8601 string (missing: null)")
+            continue
+        if instant is not None:
+            out[position] = instant
+    return out, problems
 
 
 def _string_column(values: pd.Series, shape: Sequence[int]) -> np.ndarray:
@@ -139,6 +174,10 @@ def convert(columns: Sequence[Mapping[str, Any]], frame: pd.DataFrame,
         values = frame[name]
         if column["dtype"] == "string":
             tensors[name] = _string_column(values, shape)
+        elif column["dtype"] in TIME_DTYPES:
+            tensors[name], found = _time_column(name, values, column["dtype"], offset)
+            for position, problem in found.items():
+                problems.setdefault(position, problem)
         else:
             tensors[name], found = _number_column(name, values, shape, offset)
             for position, problem in found.items():
@@ -208,8 +247,11 @@ class Scorer:
 
         inputs = {}
         for column in self.columns:
-            dtype = tf.string if column["dtype"] == "string" else tf.float32
-            inputs[column["input"]] = tf.constant(tensors[column["name"]], dtype=dtype)
+            if column["dtype"] == "string":
+                inputs[column["input"]] = tf.constant(tensors[column["name"]], dtype=tf.string)
+            else:
+                dtype = np.int64 if column["dtype"] in TIME_DTYPES else np.float32
+                inputs[column["input"]] = tf.constant(np.asarray(tensors[column["name"]], dtype))
         return {name: value.numpy() for name, value in self._signature(**inputs).items()}
 
     def predict(self, frame: pd.DataFrame, offset: int = 0) -> pd.DataFrame:

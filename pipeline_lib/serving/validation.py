@@ -57,7 +57,7 @@ _FIX = {
     SAVED_MODEL_LOADER: "the SavedModel must load with TensorFlow alone: re-export it (the run's consolidation "
                         "step) and compare its files with the sha256s in export_manifest.json",
     PYFUNC_LOADER: "the logged model must load with MLflow alone: everything it imports ships in its code_paths "
-                   "(tfdag_scoring.py) and its requirements; load it by hand with mlflow.pyfunc.load_model to see "
+                   "(tfdag_scoring.py, tfdag_instants.py) and its requirements; load it by hand with mlflow.pyfunc.load_model to see "
                    "the whole traceback",
 }
 _MISMATCH_FIX = ("the export does not compute what the trained model does: compare "
@@ -215,7 +215,7 @@ def _rows_with_missing(frame: pd.DataFrame) -> int:
     def missing(cell: Any) -> bool:
         if isinstance(cell, list | tuple | np.ndarray):
             return any(missing(c) for c in cell)
-        return cell is None or (isinstance(cell, float) and math.isnan(cell))
+        return cell is None or cell is pd.NaT or (isinstance(cell, float) and math.isnan(cell))
 
     return int(frame.map(missing).any(axis=1).sum()) if len(frame) else 0
 

@@ -60,6 +60,8 @@ def _column(spec: FeatureSpec) -> Any:
     from mlflow.types.schema import Array, ColSpec, DataType
 
     kind = {DType.FLOAT32: DataType.float, DType.INT64: DataType.long, DType.STRING: DataType.string}[spec.dtype]
+    if spec.time is not None:  # an int64 instant (days or microseconds since 1970) of a date or timestamp column
+        kind = DataType.datetime
     return ColSpec(Array(kind) if spec.shape else kind, spec.name)
 
 

@@ -17,7 +17,8 @@ import tensorflow as tf
 from pydantic import BaseModel, ConfigDict
 
 from pipeline_lib.core import storage
-from pipeline_lib.data.manifest import DType, FeatureSpec, Manifest, Schema
+from pipeline_lib.data import tfdag_instants
+from pipeline_lib.data.manifest import DType, FeatureSpec, Manifest, Schema, TimeKind
 from pipeline_lib.serving import rows, tfdag_scoring
 from pipeline_lib.tracking.client import clean_tags, create_client, global_tracking_uri
 
@@ -50,7 +51,8 @@ class LoggedModel(BaseModel):
     flavor: str = "python_function"
 
 
-# The models-from-code script MLflow runs to build the pyfunc: `tfdag_scoring` ships beside it in `code_paths`.
+# The models-from-code script MLflow runs to build the pyfunc: `tfdag_scoring` (and `tfdag_instants`, which it
+# imports) ship beside it in `code_paths`.
 _PYFUNC_SCRIPT = '''"""tfdag: the exported SavedModel on raw table rows (tfdag_scoring ships with the model)."""
 import mlflow
 
@@ -85,6 +87,10 @@ def requirements() -> list[str]:
 def _column_type(spec: FeatureSpec):
     from mlflow.types.schema import Array
 
+    if spec.time is not None:
+        # MLflow's own check of a datetime column (before tfdag_scoring sees it) takes timezone-naive datetimes,
+        # dates and ISO 8601 strings without an offset: naive means UTC here, as it does to tfdag_scoring.
+        return "datetime"
     kind = "string" if spec.dtype == DType.STRING else "double"
     return Array(kind) if spec.shape else kind
 
@@ -123,7 +129,7 @@ def log_model(run_id: str, tracking_uri: str, saved_model_dir: str, keras_path: 
     """Log the export to the run as a self-contained pyfunc: raw rows in, predictions out.
 
     The model is the SavedModel (`serving.signatures`) called by `tfdag_scoring`, which ships with it
-    (`code_paths`): it loads with `mlflow.pyfunc.load_model` where tfdag is not installed, with only the
+    (`code_paths`, with `tfdag_instants`): it loads with `mlflow.pyfunc.load_model` where tfdag is not installed, with only the
     recorded requirements. `model.keras` rides along for tfdag's own use (warm starts, champion checks).
 
     Args:
@@ -164,7 +170,7 @@ def log_model(run_id: str, tracking_uri: str, saved_model_dir: str, keras_path: 
                                                 experiment_id=experiment_id)
         try:
             Model.log(flavor=mlflow.pyfunc, python_model=script, artifacts=artifacts,
-                      code_paths=[tfdag_scoring.__file__], artifact_path=None, name=MODEL_ARTIFACT_NAME,
+                      code_paths=[tfdag_scoring.__file__, tfdag_instants.__file__], artifact_path=None, name=MODEL_ARTIFACT_NAME,
                       run_id=run_id, model_id=logged.model_id, signature=signature, input_example=example,
                       pip_requirements=requirements())
         except Exception:
@@ -181,7 +187,10 @@ def log_model(run_id: str, tracking_uri: str, saved_model_dir: str, keras_path: 
 def read_schema(saved_model_dir: str) -> Schema:
     """The feature columns of an exported SavedModel (from `tfdag_serving.json`) as a Schema."""
     spec = tfdag_scoring.read_serving_spec(saved_model_dir)
-    features = tuple(FeatureSpec(name=c["name"], dtype=DType(c["source_dtype"]), shape=tuple(c["shape"]))
+    times = {kind.value for kind in TimeKind}
+    features = tuple(FeatureSpec(name=c["name"], dtype=DType(c["source_dtype"]), shape=tuple(c["shape"]),
+                                 time=TimeKind(c["dtype"]) if c["dtype"] in times else None,
+                                 source_type=c.get("source_type") if c["dtype"] in times else None)
                      for c in spec["columns"])
     label = FeatureSpec(name=spec["label"]["name"], dtype=DType(spec["label"]["dtype"]))
     return Schema(features=features, label=label)
