@@ -77,8 +77,8 @@ def run(ref: str, rows: int, width: int, repeats: int) -> list[dict]:
         for name, source in sources.items():
             samples: dict[str, list[float]] = {"old": [], "new": []}
             trees = {"old": old, "new": ROOT}
-            for side in trees:  # one warm-up each: the page cache holds the source for both
-                _convert_seconds(trees[side], source, str(work / "out"), {})
+            for tree in trees.values():  # one warm-up each: the page cache holds the source for both
+                _convert_seconds(tree, source, str(work / "out"), {})
             for round_ in range(repeats):
                 for side in (["old", "new"] if round_ % 2 == 0 else ["new", "old"]):
                     samples[side].append(_convert_seconds(trees[side], source, str(work / "out"), {}))
@@ -90,7 +90,8 @@ def run(ref: str, rows: int, width: int, repeats: int) -> list[dict]:
             print(json.dumps(results[-1]), flush=True)
         return results
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], capture_output=True)
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], capture_output=True,
+                       check=False)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -159,10 +159,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     from flows.stage_inputs import stage_inputs
     from pipeline_lib.core import runs
     from pipeline_lib.core.exit_codes import EXIT_OK
+    from pipeline_lib.data.statistics import load_statistics
+    from pipeline_lib.data.validation import check_label
     from pipeline_lib.launch import launchers as launcher
 
     inputs = stage_inputs(args.config)
-    config, manifest, plan = inputs.config, inputs.manifest, inputs.plan()
+    config, manifest = inputs.config, inputs.manifest
+    check_label(manifest.feature_schema, load_statistics(manifest, config.storage_options), config.model.task)
+    plan = inputs.plan()
     run_dir = runs.run_dir_for(config.output_root, runs.new_run_name(config.name))
     result = launcher.launch_training(config, manifest, plan, run_dir)
     print(result.model_dump_json(indent=2))

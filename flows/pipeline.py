@@ -215,7 +215,8 @@ def run_tags(run_name: str, extra_tags: dict[str, str]) -> dict[str, str]:
 
 
 def prepare(config: PipelineConfig, progress: _Progress, run_name: str, tags: dict[str, str]) -> Prepared:
-    """The stages before training: storage check, the MLflow run, conversion, data and cluster validation."""
+    """The stages before training: storage check, the MLflow run, conversion, the label's check, data and cluster
+    validation."""
     progress("check_storage")
     demo_data.ensure_demo_source(config.data)
     stages.check_storage(config)
@@ -227,6 +228,8 @@ def prepare(config: PipelineConfig, progress: _Progress, run_name: str, tags: di
     launchers.warm_up(config)  # e.g. the local launcher's fork server imports TensorFlow while data converts
     progress("convert_to_tfrecords")
     manifest = stages.convert_to_tfrecords(config)
+    progress("check_label")
+    stages.check_label(config, manifest)
     if config.validation.enabled:
         progress("validate_data")
         stages.validate_data(config, manifest, run_id)

@@ -21,6 +21,7 @@ from pipeline_lib.cluster.report import ClusterReport
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import events, storage
 from pipeline_lib.data import statistics_report
+from pipeline_lib.data import validation as data_validation
 from pipeline_lib.data.convert import convert
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.data.statistics import load_statistics
@@ -66,6 +67,14 @@ def convert_to_tfrecords(config: PipelineConfig) -> Manifest:
         manifest.num_bad_records,
     )
     return manifest
+
+
+@task(name="check_label", **transient_retries())
+def check_label(config: PipelineConfig, manifest: Manifest) -> None:
+    """A label with one value in the train split stops the pipeline here, before any training, whatever
+    `validation` says (`data.validation.check_label`)."""
+    data_validation.check_label(manifest.feature_schema, load_statistics(manifest, config.storage_options),
+                                config.model.task)
 
 
 @task(name="validate_data", **transient_retries())

@@ -8,9 +8,13 @@ The checks (TFDV's ExampleValidator, on tfdag's statistics), each on the train s
 - `unseen_values`: more than `validation.max_unseen_share` of a string column's rows hold a value the baseline
   never saw;
 - `drift`: the Jensen-Shannon divergence (base 2) of a numeric column's distribution, over the baseline's
-  deciles, or the L-infinity distance of a string column's value shares, above `validation.drift`.
+  deciles, or the L-infinity distance of a string column's value shares, above `validation.drift`. A date or
+  timestamp column is exempt: its instants move on with every new batch of data, so they would drift on every
+  retrain (its missing rate and type are still checked).
 
 Every anomaly has a name, `<kind>:<column>`, that `validation.allow` accepts (`<kind>:*` for every column).
+
+`check_label`, whatever `validation` says, refuses a label with one value in the train split before training.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
-from pipeline_lib.config import ValidationConfig
+from pipeline_lib.config import Task, ValidationConfig
 from pipeline_lib.core.errors import UserError
-from pipeline_lib.data.manifest import FeatureSpec, Schema
+from pipeline_lib.data.manifest import DType, FeatureSpec, Schema
 from pipeline_lib.data.statistics import (
     DatasetStatistics,
     FeatureStatistics,
@@ -40,6 +44,10 @@ class _Frozen(BaseModel):
 
 class DataValidationError(UserError, ValueError):
     """The data differs from the baseline in ways `validation.allow` does not accept; training does not start."""
+
+
+class LabelError(UserError, ValueError):
+    """The label cannot train a model (one value in the train split); training does not start."""
 
 
 class Anomaly(_Frozen):
@@ -93,6 +101,8 @@ def _columns(schema: Schema) -> dict[str, FeatureSpec]:
 
 
 def _describe_type(spec: FeatureSpec) -> str:
+    if spec.time is not None:
+        return spec.time.value
     return f"{spec.dtype.value}{list(spec.shape) if spec.shape else ''}"
 
 
@@ -144,7 +154,7 @@ def string_drift(current: StringStatistics, baseline: StringStatistics) -> float
 
 
 def _column_anomalies(name: str, current: FeatureStatistics, baseline: FeatureStatistics,
-                      config: ValidationConfig) -> list[Anomaly]:
+                      config: ValidationConfig, *, drift: bool = True) -> list[Anomaly]:
     found = []
     rise = current.missing_rate - baseline.missing_rate
     if rise > config.max_missing_rate_increase:
@@ -170,7 +180,7 @@ def _column_anomalies(name: str, current: FeatureStatistics, baseline: FeatureSt
                 kind="drift", column=name, observed=f"L-infinity distance {distance:.3f}",
                 expected=f"at most {config.drift.l_infinity} (validation.drift.l_infinity)",
                 fix=f"the value shares changed; {_allow_fix(f'drift:{name}')}"))
-    elif current.numeric is not None and baseline.numeric is not None:
+    elif drift and current.numeric is not None and baseline.numeric is not None:
         divergence = numeric_drift(current.numeric, baseline.numeric)
         if divergence is not None and divergence > config.drift.jensen_shannon:
             c, b = current.numeric, baseline.numeric
@@ -213,7 +223,54 @@ def validate_statistics(schema: Schema, statistics: DatasetStatistics, baseline_
             continue
         current, previous = statistics.feature(name), baseline_statistics.feature(name)
         if current is not None and previous is not None and current.dtype == previous.dtype:
-            found += _column_anomalies(name, current, previous, config)
+            # A time column's instants are newer on every retrain: no drift check (see the module docstring).
+            found += _column_anomalies(name, current, previous, config, drift=now[name].time is None)
     marked = [a.model_copy(update={"allowed": any(fnmatch.fnmatchcase(a.name, p) for p in config.allow)})
               for a in sorted(found, key=lambda a: (a.column, a.kind))]
     return ValidationReport(baseline=baseline, anomalies=tuple(marked))
+
+
+def _only_label_value(schema: Schema, statistics: DatasetStatistics | None) -> tuple[str, int | None] | None:
+    """The train split's one label value (as the error shows it) and its row count, or None when it holds two or
+    more (or none). Without statistics, the schema's classes: one in the vocabulary, or integer labels all 0."""
+    label = statistics.feature(schema.label.name, "train") if statistics is not None else None
+    if label is None:
+        if schema.label_vocabulary is not None and len(schema.label_vocabulary) == 1:
+            return repr(schema.label_vocabulary[0]), None
+        return ("0", None) if schema.num_classes == 1 else None
+    if label.string is not None:
+        values = label.string.values
+        if len(values) == 1 and not label.string.truncated:
+            [(value, count)] = values.items()
+            return repr(value), count
+        return None
+    numeric = label.numeric
+    if numeric is None or not numeric.count or numeric.min != numeric.max:
+        return None
+    return (str(int(numeric.min)) if label.dtype == DType.INT64 else f"{numeric.min:.7g}"), numeric.count
+
+
+def check_label(schema: Schema, statistics: DatasetStatistics | None, task: Task | str) -> None:
+    """Refuse a label with one value in the train split, before any training: a classifier needs two classes to
+    tell apart (its model would have one output unit, or learn to answer one class), and a regression on a
+    constant label learns nothing but that constant.
+
+    Args:
+        schema: the dataset's schema (the label, its classes).
+        statistics: the dataset's statistics (the train split's label values); None falls back to the schema.
+        task: `model.task`.
+
+    Raises:
+        LabelError: naming the label, its one value and the fix.
+    """
+    only = _only_label_value(schema, statistics)
+    if only is None:
+        return
+    value, count = only
+    rows = f" on all {count} rows" if count is not None else ""
+    needs = ("a classifier needs at least two classes" if Task(task) == Task.CLASSIFICATION
+             else "a regression on a constant label learns nothing but the constant")
+    raise LabelError(
+        f"data.label {schema.label.name!r} has one value in the train split ({value}{rows}); {needs}, so training "
+        "did not start; check that data.label names the column to predict, and that data.source (and "
+        "data.split) give the train split rows of more than one label value")

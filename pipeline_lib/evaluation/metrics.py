@@ -22,6 +22,7 @@ from pipeline_lib.evaluation import plots, slicing
 from pipeline_lib.evaluation.report import EvalReport, EvaluationError
 from pipeline_lib.evaluation.trivial import TrivialPredictor, trivial_predictor
 from pipeline_lib.training import (
+    column_names,
     input_pipeline,
     preprocessing,  # noqa: F401  (registers the layers load_model needs)
     staging,
@@ -136,13 +137,15 @@ def predict_split(model: keras.Model, manifest: Manifest, task: Task, *, split: 
         return tf.cast(model(inputs, training=False), tf.float32)
 
     numeric_columns = input_pipeline.numeric_columns(manifest.feature_schema)
+    input_names = column_names.input_names(manifest.feature_schema)
     labels, outputs, kept = [], [], {name: [] for name in keep}
     for inputs, batch_labels in dataset:
         outputs.append(forward(inputs).numpy())
         labels.append(batch_labels.numpy())
         for name in keep:
             # A numeric feature is its columns of the "numeric" input; a string feature is its own input.
-            value = inputs["numeric"][:, numeric_columns[name]] if name in numeric_columns else inputs[name]
+            value = (inputs["numeric"][:, numeric_columns[name]] if name in numeric_columns
+                     else inputs[input_names[name]])
             kept[name].append(value.numpy())
     return (np.concatenate(labels), np.concatenate(outputs),
             {name: np.concatenate(parts) for name, parts in kept.items()})

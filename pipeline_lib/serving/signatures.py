@@ -1,7 +1,8 @@
 """The exported SavedModel's signatures on raw features: one input per source column, or serialized Examples.
 
 `serving_default` takes one named tensor per column of the table (numbers as float32 with NaN for a missing
-value, strings with "" for a missing one); `serve_examples` takes serialized `tf.train.Example` protos as
+value, strings with "" for a missing one, dates and timestamps as int64 instants, days or microseconds since
+1970-01-01 UTC, with MISSING_INT64 for a missing one); `serve_examples` takes serialized `tf.train.Example` protos as
 TensorFlow Serving and TFX clients send them (an absent feature is a missing value). Both return `prediction`
 in the label's own values and, for classification, `probabilities` (one column per class, in label order).
 `tfdag_serving.json` in the SavedModel's `assets.extra` lists the columns for `tfdag_scoring`.
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Any
 
 import keras
@@ -26,10 +26,12 @@ from pipeline_lib.serving.tfdag_scoring import (
     SERVING_JSON,
     SERVING_SIGNATURE,
 )
+from pipeline_lib.training.column_names import input_names
 from pipeline_lib.training.input_pipeline import (
     NUMERIC_KEY,
     numeric_features,
     string_features,
+    time_features,
 )
 
 EXAMPLES_INPUT = "examples"
@@ -44,27 +46,23 @@ def label_values(schema: Schema, task: Task) -> list[Any] | None:
     return list(range(int(schema.num_classes))) if schema.num_classes else None
 
 
-def input_names(schema: Schema) -> dict[str, str]:
-    """Each column's name as a signature input: SavedModel input names allow only `[A-Za-z0-9_.-]` (and must
-    start with a letter or digit), so other characters become `_`, with a number appended where two collide."""
-    names: dict[str, str] = {}
-    for spec in schema.features:
-        base = re.sub(r"[^A-Za-z0-9_.\-]", "_", spec.name)
-        base = base if re.match(r"[A-Za-z0-9.]", base) else f"c{base}"
-        name, n = base, 1
-        while name in names.values():
-            n += 1
-            name = f"{base}_{n}"
-        names[spec.name] = name
-    return names
+def _serving_dtype(spec: FeatureSpec) -> str:
+    """A column's kind for `tfdag_scoring`: "string", "number", or its `TimeKind` ("timestamp", "date")."""
+    if spec.time is not None:
+        return spec.time.value
+    return "string" if spec.dtype == DType.STRING else "number"
 
 
 def serving_spec(schema: Schema, task: Task) -> dict[str, Any]:
-    """What `tfdag_scoring` needs to call the SavedModel on a table: the columns, the label and the task."""
+    """What `tfdag_scoring` needs to call the SavedModel on a table: the columns, the label and the task.
+
+    Each column has its `dtype` for scoring (`_serving_dtype`), its dtype in the records (`source_dtype`) and the
+    type it had in the source (`source_type`: a date or timestamp column's Arrow type, else `source_dtype`).
+    """
     return {
-        "columns": [{"name": f.name, "input": input_names(schema)[f.name],
-                     "dtype": "string" if f.dtype == DType.STRING else "number",
-                     "source_dtype": f.dtype.value, "shape": list(f.shape)} for f in schema.features],
+        "columns": [{"name": f.name, "input": input_names(schema)[f.name], "dtype": _serving_dtype(f),
+                     "source_dtype": f.dtype.value, "source_type": f.source_type or f.dtype.value,
+                     "shape": list(f.shape)} for f in schema.features],
         "label": {"name": schema.label.name, "dtype": schema.label.dtype.value,
                   "values": label_values(schema, task)},
         "task": task.value,
@@ -75,8 +73,9 @@ def serving_spec(schema: Schema, task: Task) -> dict[str, Any]:
 def raw_signature(schema: Schema) -> dict[str, tf.TensorSpec]:
     """`serving_default`'s inputs, by input name (`input_names`): one tensor per feature, batch first."""
     names = input_names(schema)
-    return {names[spec.name]: tf.TensorSpec([None, *spec.shape], tf.string if spec.dtype == DType.STRING
-                                            else tf.float32, name=names[spec.name])
+    dtypes = {DType.STRING: tf.string, DType.FLOAT32: tf.float32, DType.INT64: tf.float32}
+    return {names[spec.name]: tf.TensorSpec([None, *spec.shape], tf.int64 if spec.time is not None
+                                            else dtypes[spec.dtype], name=names[spec.name])
             for spec in schema.features}
 
 
@@ -88,20 +87,25 @@ def _size(spec: FeatureSpec) -> int:
 
 
 def raw_to_model_inputs(schema: Schema, columns: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    """The raw columns (by input name) packed into the training inputs dict (`"numeric"`, one per string)."""
+    """The raw columns (by input name) packed into the training inputs dict (`"numeric"`, one per string, one
+    int64 instant per date or timestamp)."""
     columns = {spec.name: columns[name] for spec, name in zip(schema.features, input_names(schema).values())}
     inputs: dict[str, tf.Tensor] = {}
     numeric = numeric_features(schema)
     if numeric:
         parts = [tf.reshape(tf.cast(columns[spec.name], tf.float32), [-1, _size(spec)]) for spec in numeric]
         inputs[NUMERIC_KEY] = parts[0] if len(parts) == 1 else tf.concat(parts, axis=1)
+    names = input_names(schema)
     for spec in string_features(schema):
-        inputs[spec.name] = tf.reshape(columns[spec.name], [-1, _size(spec)])
+        inputs[names[spec.name]] = tf.reshape(columns[spec.name], [-1, _size(spec)])
+    for spec in time_features(schema):
+        inputs[names[spec.name]] = tf.reshape(tf.cast(columns[spec.name], tf.int64), [-1, 1])
     return inputs
 
 
 def examples_to_raw(schema: Schema, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
-    """Serialized Examples to raw columns (by input name); an absent feature, or conversion's missing int, is NaN or ""."""
+    """Serialized Examples to raw columns (by input name); an absent feature, or conversion's missing int, is NaN or ""
+    (a date or timestamp stays its int64 instant, MISSING_INT64 where absent)."""
     defaults = {DType.FLOAT32: float("nan"), DType.INT64: MISSING_INT64, DType.STRING: ""}
     dtypes = {DType.FLOAT32: tf.float32, DType.INT64: tf.int64, DType.STRING: tf.string}
     description = {
@@ -114,7 +118,7 @@ def examples_to_raw(schema: Schema, serialized: tf.Tensor) -> dict[str, tf.Tenso
     columns, names = {}, input_names(schema)
     for spec in schema.features:
         value = parsed[spec.name]
-        if spec.dtype == DType.INT64:
+        if spec.dtype == DType.INT64 and spec.time is None:
             value = tf.where(value == MISSING_INT64, tf.constant(float("nan"), tf.float32), tf.cast(value, tf.float32))
         columns[names[spec.name]] = value
     return columns

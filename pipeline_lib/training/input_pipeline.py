@@ -16,10 +16,10 @@ from pipeline_lib.data.manifest import (
     Schema,
 )
 from pipeline_lib.data.statistics import MISSING_INT64
+from pipeline_lib.training.column_names import NUMERIC_KEY, input_names
 
 logger = logging.getLogger(__name__)
 
-NUMERIC_KEY = "numeric"
 # parse_example costs a fixed amount per call on top of its per-record work; at the trainer's batch sizes
 # (32, 256) that fixed part dominates, so records are parsed in batches of at least this many and then
 # re-cut to the caller's batch size (`Dataset.rebatch`, which equals unbatch().batch() in one copy).
@@ -37,8 +37,14 @@ def _size(spec: FeatureSpec) -> int:
 
 
 def numeric_features(schema: Schema) -> tuple[FeatureSpec, ...]:
-    """The int64 and float32 features, in schema order: what `"numeric"` concatenates."""
-    return tuple(f for f in schema.features if f.dtype != DType.STRING)
+    """The int64 and float32 features but dates and timestamps, in schema order: what `"numeric"` concatenates."""
+    return tuple(f for f in schema.features if f.dtype != DType.STRING and f.time is None)
+
+
+def time_features(schema: Schema) -> tuple[FeatureSpec, ...]:
+    """The date and timestamp features, in schema order: one int64 model input each (the instant; the model
+    derives its calendar parts), never float32 in `"numeric"`, where microseconds would round to minutes."""
+    return tuple(f for f in schema.features if f.time is not None)
 
 
 def string_features(schema: Schema) -> tuple[FeatureSpec, ...]:
@@ -65,8 +71,11 @@ def input_signature(schema: Schema) -> dict[str, tf.TensorSpec]:
     signature: dict[str, tf.TensorSpec] = {}
     if numeric_features(schema):
         signature[NUMERIC_KEY] = tf.TensorSpec([None, feature_width(schema)], tf.float32, name=NUMERIC_KEY)
+    names = input_names(schema)  # the dict's keys, and the tensors' (and Keras inputs') names
     for spec in string_features(schema):
-        signature[spec.name] = tf.TensorSpec([None, _size(spec)], tf.string, name=spec.name)
+        signature[names[spec.name]] = tf.TensorSpec([None, _size(spec)], tf.string, name=names[spec.name])
+    for spec in time_features(schema):
+        signature[names[spec.name]] = tf.TensorSpec([None, 1], tf.int64, name=names[spec.name])
     return signature
 
 
@@ -180,7 +189,7 @@ def make_layout_inputs_fn(schema: Schema, layout: RecordLayout | None, is_classi
     if fields is None:
         return None
     numeric = numeric_features(schema)
-    if not numeric or any(spec.dtype != DType.FLOAT32 for spec in numeric):
+    if not numeric or time_features(schema) or any(spec.dtype != DType.FLOAT32 for spec in numeric):
         parse, to_inputs = _layout_parse(fields, layout.record_bytes), make_inputs_fn(schema, is_classification)
         return lambda serialized: to_inputs(parse(serialized))
     placed = [fields[spec.name][0] for spec in numeric]
@@ -202,6 +211,7 @@ def make_inputs_fn(schema: Schema, is_classification: bool | None = None):
     """A function from the dict `tf.io.parse_example` returns (a batch) to `(inputs, labels)`."""
     numeric = numeric_features(schema)
     strings = string_features(schema)
+    times = time_features(schema)
     all_scalar = all(not spec.shape for spec in numeric)
     label = schema.label
     target_dtype = label_dtype(schema, is_classification)
@@ -220,6 +230,8 @@ def make_inputs_fn(schema: Schema, is_classification: bool | None = None):
             default_value=-1,
         )
 
+    keys = input_names(schema)
+
     def to_inputs(parsed: dict[str, tf.Tensor]):
         inputs: dict[str, tf.Tensor] = {}
         if numeric:
@@ -231,7 +243,9 @@ def make_inputs_fn(schema: Schema, is_classification: bool | None = None):
                 columns = [tf.reshape(value, [-1, _size(spec)]) for spec, value in zip(numeric, values)]
                 inputs[NUMERIC_KEY] = tf.concat(columns, axis=1) if len(columns) > 1 else columns[0]
         for spec in strings:
-            inputs[spec.name] = tf.reshape(parsed[spec.name], [-1, _size(spec)])
+            inputs[keys[spec.name]] = tf.reshape(parsed[spec.name], [-1, _size(spec)])
+        for spec in times:
+            inputs[keys[spec.name]] = tf.reshape(parsed[spec.name], [-1, 1])
         labels = parsed[label.name]
         if table is not None:
             labels = table.lookup(labels)
@@ -316,7 +330,7 @@ def create_dataset(
 
     Returns:
         A dataset of `(inputs, labels)`: `inputs["numeric"]` float32 `[batch, feature_width]`, one tf.string
-        `[batch, n]` entry per string feature; labels int64 (classification) or float32 (regression) `[batch]`.
+        `[batch, n]` entry per string feature, one int64 `[batch, 1]` entry (the instant) per date or timestamp; labels int64 (classification) or float32 (regression) `[batch]`.
 
     Raises:
         ValueError: on a bad batch size, shard or file list.

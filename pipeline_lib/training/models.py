@@ -32,6 +32,7 @@ from pipeline_lib.training.preprocessing import (
     numeric_block,
     preprocess_inputs,
     string_blocks,
+    time_blocks,
 )
 
 logger = logging.getLogger(__name__)
@@ -95,10 +96,11 @@ def num_outputs(model_config: ModelConfig, schema) -> int:
 
 
 def create_inputs(schema) -> dict[str, keras.KerasTensor]:
-    """Keras Input tensors matching `input_pipeline.create_dataset`'s inputs dict."""
+    """Keras Input tensors matching `input_pipeline.create_dataset`'s inputs dict: `"numeric"` for the numbers, and
+    each string, date or timestamp column by its safe name (`column_names.input_names`: a plain name is its own)."""
     return {
-        name: keras.Input(shape=spec.shape[1:], dtype=spec.dtype.name, name=name)
-        for name, spec in input_signature(schema).items()
+        key: keras.Input(shape=spec.shape[1:], dtype=spec.dtype.name, name=spec.name)
+        for key, spec in input_signature(schema).items()
     }
 
 
@@ -211,7 +213,9 @@ def _cnn(schema, num_outputs: int, image_shape=None, filters=(16, 32), kernel_si
         if min(x.shape[1], x.shape[2]) >= 2:
             x = keras.layers.MaxPooling2D(2, name=f"pool_{i}")(x)
     x = keras.layers.Flatten(name="flatten")(x)
-    strings = string_blocks(inputs, schema, statistics, params, normalize=normalize)
+    # Strings and the calendar parts of dates and timestamps join beside the image, not in it.
+    strings = (string_blocks(inputs, schema, statistics, params, normalize=normalize)
+               + time_blocks(inputs, schema, statistics, normalize=normalize))
     if strings:
         x = keras.layers.Concatenate(name="features")([x, *strings])
     x = keras.layers.Dense(int(dense_units), activation=activation, name="dense")(x)

@@ -2,7 +2,8 @@
 
 Everything here is a Keras layer with its constants fixed at build time (no `adapt`, no pass over the data), so
 it is saved in `model.keras` and the SavedModel and a served model takes raw values: NaN (or nothing, as an
-empty string) for a missing value, the original units for numbers, the original strings.
+empty string) for a missing value, the original units for numbers, the original strings, int64 instants for
+dates and timestamps (their calendar parts: `calendar_parts`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from keras import ops
 
 from pipeline_lib.data.manifest import DType, FeatureSpec, Schema
 from pipeline_lib.data.statistics import DatasetStatistics
+from pipeline_lib.training.calendar_parts import CalendarFeatures, year_constants
+from pipeline_lib.training.column_names import input_names
 from pipeline_lib.training.input_pipeline import (
     NUMERIC_KEY,
     numeric_features,
     string_features,
+    time_features,
 )
 
 DEFAULT_HASH_BINS = 1000
@@ -134,23 +138,49 @@ def string_blocks(inputs: dict[str, Any], schema: Schema, statistics: DatasetSta
     statistics or with `normalize` false."""
     dim = int(params.get("embedding_dim", DEFAULT_EMBEDDING_DIM))
     outputs = []
+    names = input_names(schema)  # a column's key in `inputs`, and its layers' names with a suffix
     for spec in string_features(schema):
         values = (vocabulary(statistics, spec.name, int(params.get("max_vocabulary", DEFAULT_MAX_VOCABULARY)))
                   if statistics is not None and normalize else [])
-        x = inputs[spec.name]
+        x, name = inputs[names[spec.name]], names[spec.name]
         if not values:
             bins = int(params.get("hash_bins", DEFAULT_HASH_BINS))
-            hashed = keras.layers.Hashing(num_bins=bins, name=f"{spec.name}_hash")(x)
-            embedded = keras.layers.Embedding(bins, dim, name=f"{spec.name}_embedding")(hashed)
-            outputs.append(keras.layers.Flatten(name=f"{spec.name}_flat")(embedded))
+            hashed = keras.layers.Hashing(num_bins=bins, name=f"{name}_hash")(x)
+            embedded = keras.layers.Embedding(bins, dim, name=f"{name}_embedding")(hashed)
+            outputs.append(keras.layers.Flatten(name=f"{name}_flat")(embedded))
         elif len(values) + 1 <= int(params.get("one_hot_max", DEFAULT_ONE_HOT_MAX)) and _size(spec) == 1:
             one_hot = keras.layers.StringLookup(vocabulary=values, num_oov_indices=1, output_mode="one_hot",
-                                                name=f"{spec.name}_lookup")(x)
-            outputs.append(keras.layers.Flatten(name=f"{spec.name}_flat")(one_hot))
+                                                name=f"{name}_lookup")(x)
+            outputs.append(keras.layers.Flatten(name=f"{name}_flat")(one_hot))
         else:
-            index = keras.layers.StringLookup(vocabulary=values, num_oov_indices=1, name=f"{spec.name}_lookup")(x)
-            embedded = keras.layers.Embedding(len(values) + 1, dim, name=f"{spec.name}_embedding")(index)
-            outputs.append(keras.layers.Flatten(name=f"{spec.name}_flat")(embedded))
+            index = keras.layers.StringLookup(vocabulary=values, num_oov_indices=1, name=f"{name}_lookup")(x)
+            embedded = keras.layers.Embedding(len(values) + 1, dim, name=f"{name}_embedding")(index)
+            outputs.append(keras.layers.Flatten(name=f"{name}_flat")(embedded))
+    return outputs
+
+
+def time_blocks(inputs: dict[str, Any], schema: Schema, statistics: DatasetStatistics | None, *,
+                normalize: bool = True, indicators: bool = True) -> list[Any]:
+    """One tensor per date or timestamp feature: its calendar parts (`CalendarFeatures`), the year imputed like a
+    number's (from the imputation's fill instant) and, when `normalize`, z-scored with the train statistics of
+    the instant; with `indicators`, the missing indicator where `data.missing_indicator` asks for one."""
+    outputs = []
+    names = input_names(schema)
+    for spec in time_features(schema):
+        name = f"{names[spec.name]}_calendar"
+        stats = statistics.feature(spec.name) if statistics is not None else None
+        numeric = stats.numeric if stats is not None else None
+        has_values = numeric is not None and bool(numeric.count)
+        imputation = statistics.imputation.get(spec.name) if statistics is not None else None
+        fill, mean, std = year_constants(spec.time, numeric.mean if has_values else None,
+                                         numeric.variance if has_values else None,
+                                         imputation.fill_value if imputation else None)
+        if not normalize:
+            mean, std = 0.0, 1.0
+        layer = CalendarFeatures(spec.time.value, year_fill=fill, year_mean=mean, year_std=std,
+                                 indicator=indicators and bool(imputation and imputation.indicator),
+                                 dtype="float32", name=name)
+        outputs.append(layer(inputs[names[spec.name]]))
     return outputs
 
 
@@ -167,8 +197,9 @@ def preprocess_inputs(inputs: dict[str, Any], schema: Schema, statistics: Datase
     """
     params = params or {}
     numeric = numeric_block(inputs, schema, statistics, normalize=normalize)
-    return ([numeric] if numeric is not None else []) + string_blocks(inputs, schema, statistics, params,
-                                                                       normalize=normalize)
+    return (([numeric] if numeric is not None else [])
+            + string_blocks(inputs, schema, statistics, params, normalize=normalize)
+            + time_blocks(inputs, schema, statistics, normalize=normalize))
 
 
 def has_strings(schema: Schema) -> bool:

@@ -1,4 +1,5 @@
-"""`tfdag run` on bad input: one line that names the value and the fix, no traceback, exit code 2."""
+"""`tfdag run` (and `tfdag train`) on bad input: one line that names the value and the fix, no traceback, exit
+code 2."""
 
 from __future__ import annotations
 
@@ -32,12 +33,12 @@ def _config(tmp_path: Path, **overrides) -> dict:
     return config
 
 
-def _run(tmp_path: Path, config: dict, *extra: str, env: dict[str, str] | None = None):
+def _run(tmp_path: Path, config: dict, *extra: str, env: dict[str, str] | None = None, command: str = "run"):
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))
     environ = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     environ.update(env or {})
-    return subprocess.run([sys.executable, "-m", "flows.cli", "run", str(path), *extra], cwd=ROOT, env=environ,
+    return subprocess.run([sys.executable, "-m", "flows.cli", command, str(path), *extra], cwd=ROOT, env=environ,
                           capture_output=True, text=True, timeout=600, check=False)
 
 
@@ -72,6 +73,20 @@ def test_a_missing_source_and_an_unset_variable_are_one_line_each(tmp_path):
     _assert_one_line_user_error(out, "TFDAG_TEST_UNSET_KEY", "export TFDAG_TEST_UNSET_KEY")
 
 
+def test_a_label_with_one_value_stops_tfdag_train_as_one_line_before_training(tmp_path):
+    # The digits with every label 7: conversion works (the schema even says 8 classes), training must not start.
+    raw = tmp_path / "raw" / "digits.csv"
+    demo_data.write_digits_csv(str(raw))
+    header, *rows = raw.read_text().splitlines()
+    column = header.split(",").index("target")
+    raw.write_text("\n".join([header, *(",".join("7" if i == column else cell for i, cell in enumerate(row.split(",")))
+                                       for row in rows)]) + "\n")
+    out = _run(tmp_path, _config(tmp_path), command="train")
+    _assert_one_line_user_error(out, "data.label 'target' has one value in the train split (7 on all",
+                                "at least two classes")
+    assert not (tmp_path / "out" / "runs").exists(), "no training may start"
+
+
 def test_verbose_shows_the_traceback_of_a_user_error(tmp_path):
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(_config(tmp_path, model={"factory": "nosuchpkg.models:build"})))
@@ -79,6 +94,21 @@ def test_verbose_shows_the_traceback_of_a_user_error(tmp_path):
                          capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 2
     assert "Traceback" in out.stderr and "ModelFactoryError" in out.stderr
+
+
+def test_a_run_where_the_c_extension_did_not_build_warns_once_on_the_console(tmp_path):
+    """The conversion's C loops missing (None in sys.modules makes their import fail, as after an install without a
+    compiler): `tfdag run` says so once, with the fix, where its console shows it, and stops on the input as usual."""
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(_config(tmp_path, model={"factory": "nosuchpkg.models:build"})))
+    without_extension = ("import sys; sys.modules['pipeline_lib.core._native'] = None; from flows.cli import main; "
+                         "sys.exit(main(sys.argv[1:]))")
+    out = subprocess.run([sys.executable, "-c", without_extension, "run", str(path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, check=False)
+    _assert_one_line_user_error(out, "model.factory 'nosuchpkg.models:build'")
+    [warning] = [line for line in out.stderr.splitlines() if "_native" in line]
+    assert "WARNING pipeline_lib.core.native: the C extension pipeline_lib.core._native did not load" in warning
+    assert "C compiler" in warning and "make install" in warning, warning
 
 
 @pytest.mark.slow

@@ -18,11 +18,13 @@ def wine_frame():
 
 
 def write_wine_csv(path, *, missing_rate: float = 0.05, scale: dict[str, float] | None = None,
-                   new_category_share: float = 0.0, missing_labels: int = 0, seed: int = 0) -> str:
+                   new_category_share: float = 0.0, missing_labels: int = 0, seed: int = 0,
+                   rename: dict[str, str] | None = None) -> str:
     """Write the wine rows with a `cellar` string column (from color intensity, with a little noise) and the
     class name as `cultivar`. `missing_rate` of the numeric cells and of the cellar cells are left empty;
     `scale` multiplies columns (a change of units); `new_category_share` of the rows get the cellar value
-    "annex", never seen before; `missing_labels` rows have an empty label."""
+    "annex", never seen before; `missing_labels` rows have an empty label; `rename` gives columns (the label
+    too) other names in the header (old name → new)."""
     values, target, names = wine_frame()
     rng = np.random.default_rng(seed)
     values = values.copy()
@@ -37,7 +39,7 @@ def write_wine_csv(path, *, missing_rate: float = 0.05, scale: dict[str, float] 
     missing = rng.random(values.shape) < missing_rate
     cellar_missing = rng.random(len(cellar)) < missing_rate
     label_missing = set(rng.choice(len(target), size=missing_labels, replace=False).tolist())
-    lines = [",".join([*names, "cellar", "cultivar"])]
+    lines = [",".join((rename or {}).get(n, n) for n in [*names, "cellar", "cultivar"])]
     for i in range(len(target)):
         cells = ["" if missing[i, j] else repr(float(values[i, j])) for j in range(len(names))]
         cells.append("" if cellar_missing[i] else cellar[i])

@@ -1,5 +1,7 @@
-"""The model check before registration on a trained wine model (a string column, a string label, missing cells):
-the export passes through both public loaders in a fresh process; a broken one fails naming the loader and the fix.
+"""The model check before registration on a trained wine model (a string column, a string label, missing cells,
+columns named as a table may name them: Python keywords, spaces, punctuation, non-ASCII, a leading digit, two
+names that sanitize alike): the export passes through both public loaders in a fresh process and answers under
+the table's own column names; a broken one fails naming the loader and the fix.
 
 Each `validate_model` call starts one fresh interpreter that imports TensorFlow and MLflow (~10 s on 2 busy cores):
 two calls in this file, one per verdict."""
@@ -18,6 +20,7 @@ from pipeline_lib.data.convert import convert
 from pipeline_lib.evaluation import consolidation
 from pipeline_lib.planning import sharding
 from pipeline_lib.serving import rows, validation
+from pipeline_lib.serving.tfdag_scoring import read_serving_spec
 from pipeline_lib.serving.validation import PYFUNC_LOADER, SAVED_MODEL_LOADER
 from pipeline_lib.testing.export_faults import break_export
 from pipeline_lib.tracking import model_logging
@@ -26,13 +29,19 @@ from pipeline_lib.tracking.client import global_tracking_uri
 from pipeline_lib.training import loop as training
 from tests.pipeline_lib.data.wine_support import write_wine_csv
 
+# Wine's columns renamed to what a table may hold: keywords (numeric, string and the label), TensorFlow's `self`,
+# a space and punctuation, a leading digit, non-ASCII, and `x y` / `x_y`, one signature input name once sanitized.
+ODD_NAMES = {"alcohol": "class", "malic_acid": "None", "ash": "from", "alcalinity_of_ash": "self",
+             "magnesium": "magnesium (mg/l)", "total_phenols": "1st phenols", "flavanoids": "flavanoïdes",
+             "nonflavanoid_phenols": "x y", "proanthocyanins": "x_y", "cellar": "numeric", "cultivar": "lambda"}
+
 
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory):
-    """The wine table trained 20 steps, exported, logged to a sqlite store; 64 eval rows."""
+    """The wine table, with `ODD_NAMES`, trained 20 steps, exported, logged to a sqlite store; 64 eval rows."""
     root = tmp_path_factory.mktemp("wine_check")
-    config = parse_config({"name": "wine", "data": {"source": write_wine_csv(root / "wine.csv", missing_rate=0.1),
-                                                    "label": "cultivar"},
+    source = write_wine_csv(root / "wine.csv", missing_rate=0.1, rename=ODD_NAMES)
+    config = parse_config({"name": "wine", "data": {"source": source, "label": ODD_NAMES["cultivar"]},
                            "output_root": str(root / "out"), "tracking": {"experiment": "wine-check"},
                            "preflight": {"enabled": False}})
     manifest = convert(config.data, config.output_root)
@@ -56,6 +65,11 @@ def test_the_export_loads_without_tfdag_in_a_fresh_process_and_predicts_like_the
     assert result.rows == len(sample) == manifest.num_records("eval") and result.rows_with_missing > 0  # with missing cells
     assert f"reproduce the trained model on {len(sample)} eval rows" in result.reason
     assert "| `mlflow.pyfunc.load_model` |" in result.to_markdown()
+    # Served under the table's own names: the sample's columns are those, and so are tfdag_serving.json's.
+    odd_features = set(ODD_NAMES.values()) - {"lambda"}
+    assert odd_features <= set(sample.columns)
+    assert [c["name"] for c in read_serving_spec(export.saved_model_dir)["columns"]] == list(
+        manifest.feature_schema.feature_names) and odd_features <= set(manifest.feature_schema.feature_names)
 
 
 def test_a_broken_export_and_a_logged_model_without_its_code_fail_naming_each_loader_and_the_fix(checked, tmp_path):
