@@ -14,6 +14,7 @@ from pipeline_lib.config import DataFormat
 from pipeline_lib.data.manifest import DType, TimeKind
 from pipeline_lib.data.readers.base import MISSING, is_missing
 from pipeline_lib.data.schema import ISO_DATE, ColumnType, is_list, is_text
+from pipeline_lib.data.statistics import MISSING_INT64
 from pipeline_lib.data.tfdag_instants import MICROS_PER_DAY, instant_of
 
 _INT64_RANGE = (-(1 << 63), (1 << 63) - 1)
@@ -41,6 +42,10 @@ def reader_type(ctype: ColumnType) -> pa.DataType:
 
 def _cast(values: pa.Array, target: pa.DataType) -> pa.Array:
     # float64 → float32 and int → float may round by design; integer targets stay strict (no truncation).
+    if pa.types.is_decimal(values.type) and pa.types.is_floating(target):
+        # Arrow's decimal → float32 cast is not correctly rounded (0.9 becomes 0.90000004): through float64, a
+        # decimal becomes the float32 nearest its float64, as a float64 column of the same numbers does.
+        values = pc.cast(values, pa.float64(), safe=False)
     return pc.cast(values, target, safe=not pa.types.is_floating(target))
 
 
@@ -199,9 +204,14 @@ def _coerce_python(values: list, ctype: ColumnType) -> Column:
     reasons: dict[int, tuple[Any, str]] = {}
     if ctype.dtype == DType.STRING:
         try:
-            return Column(pa.array(values, pa.string()).cast(pa.binary()), bad, reasons)
+            strings = pa.array(values, pa.string()).cast(pa.binary())
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
             pass
+        else:
+            for row in np.flatnonzero(strings.is_null().to_numpy(zero_copy_only=False)).tolist():  # a JSON null
+                bad[row] = True
+                reasons[row] = (None, "is missing")
+            return Column(strings, bad, reasons)
         out = []
         for i, value in enumerate(values):
             if isinstance(value, str):
@@ -372,8 +382,26 @@ def coerce(raw: Any, ctype: ColumnType, fmt: DataFormat) -> Column:
     if isinstance(raw, pa.Array | pa.ChunkedArray) and pa.types.is_dictionary(raw.type):
         raw = _decoded(raw)
     if isinstance(raw, np.ndarray):
-        return _coerce_numpy(raw, ctype)
-    if isinstance(raw, list):
-        return _coerce_python(raw, ctype)
-    return _coerce_arrow(raw, ctype, is_csv=fmt == DataFormat.CSV)
+        column = _coerce_numpy(raw, ctype)
+    elif isinstance(raw, list):
+        column = _coerce_python(raw, ctype)
+    else:
+        column = _coerce_arrow(raw, ctype, is_csv=fmt == DataFormat.CSV)
+    if ctype.dtype == DType.INT64:
+        _refuse_missing_marker(column)
+    return column
+
+
+def _refuse_missing_marker(column: Column) -> None:
+    """An int64 value of -2**63 is a bad value: the records keep it for a missing int64 (`MISSING_INT64`), so it
+    would be read back as missing and imputed."""
+    values = column.values
+    hits = values == MISSING_INT64
+    if not hits.any():
+        return
+    rows = hits.reshape(len(values), -1).any(axis=1) & ~column.bad
+    why = "is -2**63, the int64 the records keep for a missing value; store the column as float, or leave it empty"
+    for row in np.flatnonzero(rows).tolist():
+        column.bad[row] = True
+        column.reasons[row] = (MISSING_INT64, why)
 
