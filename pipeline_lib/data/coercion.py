@@ -73,11 +73,21 @@ class _Marker:
         for row in np.asarray(rows, dtype=np.int64).tolist():
             if not self.bad[row]:
                 self.bad[row] = True
-                value = self.raw[row]
-                self.reasons[row] = (value.as_py() if hasattr(value, "as_py") else value, why)
+                self.reasons[row] = (_python_value(self.raw[row]), why)
 
     def column(self, values: Any) -> Column:
         return Column(values, self.bad, self.reasons)
+
+
+def _python_value(value: Any) -> Any:
+    """A bad value as the message shows it: an Arrow scalar as Python's, or as its stored integer where Python has
+    none (a timestamp beyond the year 9999)."""
+    if not hasattr(value, "as_py"):
+        return value
+    try:
+        return value.as_py()
+    except (OverflowError, ValueError):
+        return value.value if hasattr(value, "value") else str(value)
 
 
 def _coerce_arrow(raw: pa.Array, ctype: ColumnType, is_csv: bool) -> Column:
@@ -267,7 +277,7 @@ def _python_problem(value: Any, ctype: ColumnType) -> str | None:
         if ctype.dtype == DType.INT64:
             if not isinstance(item, int) or not (_INT64_RANGE[0] <= item <= _INT64_RANGE[1]):
                 return "cannot be converted to int64"
-        elif isinstance(item, bool) or not isinstance(item, (int, float)):
+        elif not isinstance(item, (int, float)):  # a bool is a number, 0 or 1, as inference and numpy take it
             return "cannot be converted to float32"
     return None
 
@@ -291,7 +301,7 @@ def _time_values(raw: pa.Array, ctype: ColumnType, mark: _Marker) -> np.ndarray:
             micros = np.floor_divide(ints, 1_000)
         else:
             limit = np.iinfo(np.int64).max // _MICROS_PER[unit]
-            out_of_range = np.abs(ints) > limit
+            out_of_range = (ints > limit) | (ints < -limit)  # not np.abs: it overflows at -2**63
             if out_of_range.any():
                 mark(np.flatnonzero(out_of_range), f"is beyond the int64 range of microseconds (a {raw.type})")
             micros = np.where(out_of_range, 0, ints) * _MICROS_PER[unit]
@@ -299,7 +309,7 @@ def _time_values(raw: pa.Array, ctype: ColumnType, mark: _Marker) -> np.ndarray:
     if ctype.time == TimeKind.DATE:
         return days
     limit = np.iinfo(np.int64).max // MICROS_PER_DAY
-    out_of_range = np.abs(days) > limit
+    out_of_range = (days > limit) | (days < -limit)
     if out_of_range.any():
         mark(np.flatnonzero(out_of_range), "is beyond the int64 range of microseconds")
     return np.where(out_of_range, 0, days) * MICROS_PER_DAY
@@ -378,7 +388,9 @@ def _coerce_time(raw: Any, ctype: ColumnType) -> Column:
 def coerce(raw: Any, ctype: ColumnType, fmt: DataFormat) -> Column:
     """One column of a chunk converted to `ctype`, whatever its reader (numpy arrays, Python lists or Arrow)."""
     if ctype.time is not None:
-        return _coerce_time(raw, ctype)
+        column = _coerce_time(raw, ctype)
+        _refuse_missing_marker(column)
+        return column
     if isinstance(raw, pa.Array | pa.ChunkedArray) and pa.types.is_dictionary(raw.type):
         raw = _decoded(raw)
     if isinstance(raw, np.ndarray):

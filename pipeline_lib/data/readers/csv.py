@@ -272,7 +272,8 @@ class CsvReader:
         """Structural bad rows now (they are rare), row → line numbers lazily (needed only for bad values)."""
         records = split_records(text, self.delimiter, self.quote)
         blank = [i for i, record in enumerate(records) if not record.strip(b"\r\n")]
-        if not blank and not invalid:
+        bare_cr = text.count(b"\r") != text.count(b"\r\n")  # records end there too: rows are not counted by ends
+        if not blank and not invalid and not bare_cr:
             return [], lambda: record_lines(text, self.delimiter, self.quote, len(records), line_start)
         expected = len(self.names)
         structural: list[tuple[int, str]] = []

@@ -104,8 +104,14 @@ def record_lines(text: bytes | bytearray, delimiter: str, quote: str | None, num
 
 
 def split_records(text: bytes | bytearray, delimiter: str, quote: str | None) -> list[bytes]:
-    """A block's records, each with its line end (the last one too, as blocks end in one)."""
-    ends, _ = record_ends(text, delimiter, quote)
+    """A block's records, each with its line end (the last one too, as blocks end in one), as Arrow's parse splits
+    them: a bare carriage return (not before a newline) outside quotes ends a record too, where the block has one."""
+    if b"\r" in text and text.count(b"\r") != text.count(b"\r\n"):
+        # The same length, each bare CR a newline: the scan then ends records where Arrow's parse does.
+        text_ends = re.sub(rb"\r(?!\n)", b"\n", bytes(text))
+        ends, _ = record_ends(text_ends, delimiter, quote)
+    else:
+        ends, _ = record_ends(text, delimiter, quote)
     bounds = [0, *ends.tolist()]
     if bounds[-1] < len(text):
         bounds.append(len(text))
