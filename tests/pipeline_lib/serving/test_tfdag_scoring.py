@@ -16,22 +16,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline_lib.config import PredictConfig, Task, parse_config
-from pipeline_lib.data.convert import convert
 from pipeline_lib.data.manifest import TimeKind
 from pipeline_lib.data.statistics import MISSING_INT64
-from pipeline_lib.evaluation import consolidation
-from pipeline_lib.planning import sharding
 from pipeline_lib.prediction.predict import predict
-from pipeline_lib.serving import rows, tfdag_scoring, validation
+from pipeline_lib.serving import tfdag_scoring, validation
 from pipeline_lib.serving.tfdag_scoring import (
     RawRowError,
     instant_of,
     to_tensors,
 )
 from pipeline_lib.tracking import model_logging
-from pipeline_lib.tracking import run as tracking
 from pipeline_lib.tracking.client import global_tracking_uri
-from pipeline_lib.training import loop as training
+from tests.pipeline_lib.serving.model_support import train_export_and_log
 
 UTC = datetime.UTC
 MICROS_PER_DAY = 86_400_000_000
@@ -88,12 +84,8 @@ def clock(tmp_path_factory):
     config = parse_config({"name": "clock", "data": {"source": str(root / "clock.parquet"), "label": "afternoon"},
                            "output_root": str(root / "out"), "train": {"steps": 4},
                            "tracking": {"experiment": "clock"}, "preflight": {"enabled": False}})
-    manifest = convert(config.data, config.output_root)
-    result = training.train(config, manifest, sharding.plan_for_train(manifest, config.train, 1), str(root / "run"))
-    export = consolidation.consolidate(config, manifest, result, str(root / "run" / "export"))
-    run_id = tracking.start_run(config, "check")
-    logged = model_logging.log_model(run_id, config.mlflow_uri, export.saved_model_dir, export.keras_path, manifest)
-    sample = rows.raw_rows(manifest, validation.DEFAULT_NUM_ROWS)
+    made = train_export_and_log(config, root)
+    manifest, export, logged, sample = made.manifest, made.export, made.logged, made.sample
     check = validation.validate_model(export.saved_model_dir, export.keras_path, logged.model_uri, config.mlflow_uri,
                                       sample, manifest.feature_schema, Task.CLASSIFICATION)
     return root, config, manifest, export, logged, sample, check

@@ -16,18 +16,13 @@ import numpy as np
 import pytest
 
 from pipeline_lib.config import Task, parse_config
-from pipeline_lib.data.convert import convert
-from pipeline_lib.evaluation import consolidation
-from pipeline_lib.planning import sharding
-from pipeline_lib.serving import rows, validation
+from pipeline_lib.serving import validation
 from pipeline_lib.serving.tfdag_scoring import read_serving_spec
 from pipeline_lib.serving.validation import PYFUNC_LOADER, SAVED_MODEL_LOADER
 from pipeline_lib.testing.export_faults import break_export
-from pipeline_lib.tracking import model_logging
-from pipeline_lib.tracking import run as tracking
 from pipeline_lib.tracking.client import global_tracking_uri
-from pipeline_lib.training import loop as training
 from tests.pipeline_lib.data.wine_support import write_wine_csv
+from tests.pipeline_lib.serving.model_support import train_export_and_log
 
 # Wine's columns renamed to what a table may hold: keywords (numeric, string and the label), TensorFlow's `self`,
 # a space and punctuation, a leading digit, non-ASCII, and `x y` / `x_y`, one signature input name once sanitized.
@@ -44,13 +39,8 @@ def checked(tmp_path_factory):
     config = parse_config({"name": "wine", "data": {"source": source, "label": ODD_NAMES["cultivar"]},
                            "output_root": str(root / "out"), "tracking": {"experiment": "wine-check"},
                            "preflight": {"enabled": False}})
-    manifest = convert(config.data, config.output_root)
-    result = training.train(config, manifest, sharding.plan_for_train(manifest, config.train, 1), str(root / "run"))
-    export = consolidation.consolidate(config, manifest, result, str(root / "run" / "export"))
-    run_id = tracking.start_run(config, "check")
-    logged = model_logging.log_model(run_id, config.mlflow_uri, export.saved_model_dir, export.keras_path, manifest)
-    sample = rows.raw_rows(manifest, validation.DEFAULT_NUM_ROWS)
-    return config, manifest, export, logged, sample
+    made = train_export_and_log(config, root)
+    return config, made.manifest, made.export, made.logged, made.sample
 
 
 def test_the_export_loads_without_tfdag_in_a_fresh_process_and_predicts_like_the_trained_model(checked):
