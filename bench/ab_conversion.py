@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench import bench_conversion
@@ -106,7 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = run(args.ref, args.rows, args.width, args.repeats)
     if args.out:
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        record = {"command": f"python -m bench.ab_conversion {args.ref} --repeats {args.repeats}", "old": args.ref,
+                  "new": head, "date": time.strftime("%Y-%m-%d"),
+                  "note": "each conversion in a fresh process, the two trees alternating; medians and min-max of "
+                          f"{args.repeats} rounds; new_vs_old = old/new of the medians (above 1: the new tree is "
+                          "faster)", "cases": results}
+        args.out.write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
 
