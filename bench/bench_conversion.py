@@ -84,7 +84,7 @@ def read_seconds(source: str) -> float:
 def raw_direct_write_seconds(payloads: list[bytes], out_dir: str) -> float:
     """Seconds to write the same bytes to as many new files the way conversion writes durable shards: O_DIRECT
     from an aligned buffer in 4 MiB blocks (`direct_io.DirectFile`: one copy into the buffer, the padded tail
-    cut off again, fsync). Printed beside the plain write: on this machine it is the faster way to the disk.
+    cut off again, fsync). Printed beside the plain write, to show which is the faster way to this disk.
     """
     from pipeline_lib.data.direct_io import DirectFile
 
@@ -278,8 +278,8 @@ def run(rows: int = 2_000_000, width: int = 32, quick: bool = False, repeats: in
             print(f"  {name}: {median(name):.3f}s (min {min(samples[name]):.3f}, max {max(samples[name]):.3f})")
         print(f"  gzip shards {size['csv_gzip'] / 1e6:.1f} MB vs {size['csv'] / 1e6:.1f} MB uncompressed")
 
-        # The O_DIRECT write is the disk's ceiling, reported with no target: this VM's disk moves it between 0.9
-        # and 1.8 GB/s from run to run.
+        # The O_DIRECT write is the disk's ceiling, reported with no target: a shared virtual disk moves it from run
+        # to run.
         direct = "O_DIRECT write of the same shard bytes"
         disk_bound = ("CPU on a small machine (decode, split hash, statistics, encode, digest) against the disk's "
                       "direct write rate of the same bytes")

@@ -184,5 +184,5 @@ def run(rows: int = 1_000_000, width: int = 32, quick: bool = False) -> list[dic
                    "a helper thread and writes on another, the baseline trusts the file's types."),
         budget("model load in a fresh process, to the first prediction (s)", firsts, LOAD_BUDGET_S,
                bound="tf.saved_model.load of the SavedModel and the first call's set-up; TensorFlow's import "
-                     "(about 2-4 s) comes before it"),
+                     "comes before it"),
     ]

@@ -36,9 +36,9 @@ from pipeline_lib.core.net import free_ports
 # The loop executes this many steps per tf.function call in the main case; the sweep below shows why.
 STEPS_PER_EXECUTION = 64
 NUM_CLASSES = 10
-# XLA on CPU is slower for this small MLP: measured 0.24× (57k against 238k ex/s, batch 256, 2 shared cores) when
-# it was added, from the per-step launch of the compiled cluster inside the loop's while loop. The target is a floor
-# against regressions, not a goal: jit_compile is for accelerators and larger models.
+# XLA on CPU is slower for this small MLP (bench/results.json has the ratio), from the per-step launch of the
+# compiled cluster inside the loop's while loop. The target is a floor against regressions, not a goal: jit_compile
+# is for accelerators and larger models.
 JIT_TARGET = 0.15
 
 WORKER_SOURCE = r'''

@@ -1,5 +1,5 @@
 """Tuning: trials per hour of tfdag's study runner against a bare Optuna loop calling tfdag's `train()` in-process,
-and the speed-up of two trials at a time on this machine.
+and the speed-up of two trials at a time on the machine it runs on.
 
 What is timed, and why it is honest:
 

@@ -41,7 +41,7 @@ class CheckpointRecord(BaseModel):
     step: int
     path: str  # checkpoint prefix, e.g. <run_dir>/checkpoints/ckpt-300
     metrics: dict[str, float] = {}  # eval metrics measured at this step (eval_loss, eval_accuracy...), train_loss
-    data_position: DataPosition | None = None  # an elastic run's; None for any other run (and older checkpoints)
+    data_position: DataPosition | None = None  # an elastic run's; None for any other run
 
     @classmethod
     def from_manifest(cls, prefix: str, manifest: dict[str, Any]) -> CheckpointRecord:

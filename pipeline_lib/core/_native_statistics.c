@@ -84,7 +84,7 @@ static void add_block(split_sums *s, const double *x, Py_ssize_t n) {
 
 /* One value `x` of a row of split `eval`, written to both splits' buffers and kept by its split's length alone; its
    sketch key counted in keys[eval], indexed: a choice between the two arrays compiled to a branch, which the split,
-   falling at random, mispredicted (0.247 -> 0.155 s for 33 scalar columns of 2M rows). */
+   falling at random, mispredicted. */
 #define TO_BOTH_BUFFERS(IS_PRESENT, AS_FLOAT)                                                  \
     {                                                                                          \
         const int present = (IS_PRESENT);                                                      \
@@ -155,14 +155,14 @@ static void add_block(split_sums *s, const double *x, Py_ssize_t n) {
    time and by `use_hardware`): eight values at a time, each split's sums, extremes and counts kept under its lanes'
    mask, with no copy into split buffers and one pass over the values. The pass stores, per value, the address of its
    sketch counter (its key in its split's table; key 0 for a missing value, taken back after), so the count is then
-   one increment per stored address with no split to look up (0.096 -> 0.082 s against counting by key and split).
+   one increment per stored address with no split to look up (faster than counting by key and split).
    Each split sums d = x - origin and d * d, the origin being its mean so far (its first present value in the block
    while it has none), so the block's m2 = sum(d * d) - sum(d)^2 / n, with no second pass for the squared deviations from
-   the block's mean (0.090 -> 0.073 s for 33 columns of 2M rows; extremes on the float32 values, 0.067 -> 0.066). The
+   the block's mean (extremes are taken on the float32 values). The
    origin is one of the values seen or their mean, so the subtraction cancels little: means and variances agree with
    numpy's to 1e-13 relative on data centred far from 0 (1e4 +- 1e-2, 1e6 +- 1, a drift, modes at +-1e5, scales of
-   1e+-30), as the portable loop's do. 0.162 -> 0.066 s for 32 float and one int column of 2M rows in all (the int
-   column still takes the loop above); the keys are the same. */
+   1e+-30), as the portable loop's do; the keys are the same (an int column still takes the loop above; the
+   speed-up is in bench/results.json). */
 static int vector_statistics = 0;
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12

@@ -126,7 +126,7 @@ def prepare_client(uri: str) -> None:
     """Settings a store's client must see before it is imported."""
     if protocol_of(uri) in ("gs", "gcs") and os.environ.get("STORAGE_EMULATOR_HOST"):
         # gcsfs asks Google's gRPC control API for each bucket's type (hierarchical or not); an emulator has no such
-        # API, and each bucket then costs ~45 s of failed TLS handshakes before gcsfs falls back to plain GCS.
+        # API, and each bucket then costs a long series of failed TLS handshakes before gcsfs falls back to plain GCS.
         os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 

@@ -102,16 +102,14 @@ def add_numeric_splits(train: NumericAccumulator, eval_: NumericAccumulator, val
     same mean and variance up to the order of the float64 additions.
     """
     values = np.ascontiguousarray(values)
-    # getattr: an extension built before numeric_statistics existed (not reinstalled yet) takes the numpy path.
-    loop = getattr(native.module, "numeric_statistics", None)
-    if loop is None or values.dtype not in (np.float32, np.int64):
+    if native.module is None or values.dtype not in (np.float32, np.int64):
         if isinstance(split, int):
             (eval_ if split else train).add(values)
         else:
             eval_.add(values[split])
             train.add(values[~split])
         return
-    sums = loop(values, split, train.keys, eval_.keys, SKETCH_SHIFT)
+    sums = native.module.numeric_statistics(values, split, train.keys, eval_.keys, SKETCH_SHIFT)
     for accumulator, (count, missing, mean, m2, low, high) in zip((train, eval_), sums):
         accumulator.missing += missing
         if count:

@@ -12,7 +12,7 @@ import threading
 from concurrent.futures import Executor, Future
 
 # O_DIRECT writes: the alignment of buffer, file offset and length that every Linux block device accepts, and
-# the size of one write (a bigger one gains nothing measurable here).
+# the size of one write (a bigger one gains nothing measurable: `make bench`).
 _DIRECT_ALIGN = 4096
 _DIRECT_BLOCK = 4 << 20
 # Full blocks of one file handed to the `device` executor and not yet written, at most: the next block is
@@ -45,9 +45,8 @@ class DirectFile:
     """A new local file written with O_DIRECT: whole 4 MiB blocks go from an aligned buffer to the device.
 
     A buffered write copies every byte into the page cache, and the kernel's handling of those pages (allocating,
-    writing back, reclaiming) costs more than the copy and varies from run to run: 356 MB of shards took
-    0.3-1.1 s of wall time and 0.1-0.8 CPU-s with write() + fsync on this machine, against 0.26-0.32 s and 0.05
-    CPU-s written direct. Data is copied into the aligned buffer (O_DIRECT needs aligned memory, offsets and
+    writing back, reclaiming) costs more than the copy and varies from run to run, in wall and CPU time, where a
+    direct write costs little and steadily (bench/bench_conversion.py's O_DIRECT case). Data is copied into the aligned buffer (O_DIRECT needs aligned memory, offsets and
     lengths) and written a block at a time. `close()` writes the last block padded to the alignment, truncates
     the file to its true length and fsyncs it: O_DIRECT bypasses the page cache, not the device's write cache
     or the file's metadata. Where a file system refuses O_DIRECT, at open or at the first write (tmpfs before

@@ -268,8 +268,8 @@ def assemble(pieces: Sequence[Piece], num_rows: int) -> tuple[np.ndarray, np.nda
 class BufferPool:
     """Byte buffers of written batches, kept for the next ones: fresh pages cost more than encoding into them.
 
-    A new 37 MB array took 0.15 s of CPU to fault in and zero on this 2-core VM, where encoding 65,536 records
-    into a warm one takes 0.015 s. Conversion gives a batch's buffer back once its shard writer has written
+    A new batch-sized array costs the kernel's page faults and zeroing on first touch, several times the CPU of
+    encoding a batch into a warm one. Conversion gives a batch's buffer back once its shard writer has written
     (copied) the bytes; at most `max_buffers` idle ones are kept, so memory stays bounded by the batches in flight.
     """
 

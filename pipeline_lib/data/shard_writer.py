@@ -16,8 +16,7 @@ from pipeline_lib.data.tfrecord_writer import TFRecordFileWriter
 SPLITS = ("train", "eval")
 # A chunk's records are framed and queued for the writer in parts of about this size: a part is still in cache
 # when it is copied to the file and digested, its buffer comes back for the next part, and the writer starts on a
-# chunk's first part while the rest are framed (4 MiB parts against whole 37 MB chunks, interleaved: wide Parquet
-# 1.50 -> 1.25 s and 2.20 -> 1.88 CPU-s, .npz 0.43 -> 0.39 s).
+# chunk's first part while the rest are framed (faster in wall and CPU time than queueing whole chunks; `make bench`).
 WRITE_PART_BYTES = 4 << 20
 # gzip: one compressing thread per core (ISA-L and zlib release the GIL), and two blocks queued per thread so none idles
 # while the writer thread hands out the next.

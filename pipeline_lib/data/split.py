@@ -41,7 +41,7 @@ def _words(values: Any) -> np.ndarray:
             return bits.view(np.uint64) if bits.shape[1] % 2 == 0 else bits
         return values.reshape(len(values), -1).astype(np.int64, copy=False).view(np.uint64)
     data, starts, lengths = string_column(values)
-    if native.module is not None and hasattr(native.module, "string_words"):  # an older build has no such loop
+    if native.module is not None:
         words = np.empty(len(starts), dtype=np.uint64)
         native.module.string_words(data, np.ascontiguousarray(starts, np.int64),
                                    np.ascontiguousarray(lengths, np.int64), words)
@@ -70,8 +70,7 @@ def split_hash(columns: dict[str, Any], seed: int) -> np.ndarray:
     num_rows = len(next(iter(columns.values())))
     scratch = np.empty(num_rows, dtype=np.uint64)
     h = _mix(np.full(num_rows, np.uint64(seed & 0xFFFFFFFFFFFFFFFF) ^ np.uint64(0x9E3779B97F4A7C15)), scratch)
-    # getattr: an extension built before its split_hash took the name word (not reinstalled yet) takes numpy's.
-    in_c = native.module is not None and getattr(native.module, "split_hash_version", 1) >= 2
+    in_c = native.module is not None
     for name, values in columns.items():
         words = _words(values)
         if in_c:  # the same fold, the name's word first, in one C loop, row by row

@@ -126,13 +126,6 @@ class DatasetStatistics(_Frozen):
         return self.model_dump_json(indent=2)
 
 
-def bucket_key(values: np.ndarray) -> np.ndarray:
-    """The sketch bucket of each float32 value: its top bits, negated (minus one) for negative values."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    magnitude = ((bits & np.uint32(0x7FFFFFFF)) >> np.uint32(SKETCH_SHIFT)).astype(np.int64)
-    return np.where(bits >> np.uint32(31) == 1, -magnitude - 1, magnitude)
-
-
 def _magnitude_start(magnitude: int) -> float:
     """The float32 whose top bits are `magnitude` and whose other bits are zero: a bucket's end nearest zero."""
     return float(np.array([magnitude << SKETCH_SHIFT], dtype=np.uint32).view(np.float32)[0])
@@ -153,55 +146,11 @@ def bucket_value(key: int) -> float:
     return middle if key >= 0 else -middle
 
 
-# --- merging the frozen form ----------------------------------------------------------------------------------
-
-
-def merge_numeric(a: NumericStatistics, b: NumericStatistics) -> NumericStatistics:
-    """The statistics of the union of the rows `a` and `b` describe (two shards, two files)."""
-    if not b.count or not a.count:
-        base = a if a.count else b
-        return base.model_copy(update={"missing": a.missing + b.missing})
-    total = a.count + b.count
-    delta = b.mean - a.mean
-    m2 = a.variance * a.count + b.variance * b.count + delta * delta * a.count * b.count / total
-    sketch = dict(a.sketch)
-    for key, count in b.sketch.items():
-        sketch[key] = sketch.get(key, 0) + count
-    return NumericStatistics(count=total, missing=a.missing + b.missing, min=min(a.min, b.min),
-                             max=max(a.max, b.max), mean=a.mean + delta * b.count / total, variance=m2 / total,
-                             sketch=sketch)
-
-
 def most_frequent(values: dict[str, int]) -> tuple[dict[str, int], bool]:
     """`values` cut to the MAX_TRACKED_VALUES most frequent ones, and whether anything was cut."""
     if len(values) <= MAX_TRACKED_VALUES:
         return values, False
     return dict(sorted(values.items(), key=lambda item: (-item[1], item[0]))[:MAX_TRACKED_VALUES]), True
-
-
-def merge_string(a: StringStatistics, b: StringStatistics) -> StringStatistics:
-    values = dict(a.values)
-    for key, count in b.values.items():
-        values[key] = values.get(key, 0) + count
-    values, cut = most_frequent(values)
-    return StringStatistics(count=a.count + b.count, missing=a.missing + b.missing, values=dict(sorted(values.items())),
-                            truncated=a.truncated or b.truncated or cut)
-
-
-def merge_features(a: FeatureStatistics, b: FeatureStatistics) -> FeatureStatistics:
-    if a.dtype != b.dtype:
-        raise ValueError(f"cannot merge statistics of a {a.dtype.value} column with a {b.dtype.value} one")
-    if a.numeric is not None:
-        return FeatureStatistics(dtype=a.dtype, numeric=merge_numeric(a.numeric, b.numeric))
-    return FeatureStatistics(dtype=a.dtype, string=merge_string(a.string, b.string))
-
-
-def merge_splits(a: SplitStatistics, b: SplitStatistics) -> SplitStatistics:
-    """Two splits' statistics as one (the columns of both must match)."""
-    if set(a.features) != set(b.features):
-        raise ValueError(f"cannot merge statistics of columns {sorted(a.features)} with {sorted(b.features)}")
-    return SplitStatistics(num_rows=a.num_rows + b.num_rows,
-                           features={n: merge_features(a.features[n], b.features[n]) for n in a.features})
 
 
 # --- the file beside the manifest -----------------------------------------------------------------------------

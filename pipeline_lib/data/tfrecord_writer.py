@@ -15,8 +15,8 @@ from pipeline_lib.data.parallel_gzip import InlineExecutor, ParallelGzipWriter
 # Writes at least this large are hashed on the `hasher` thread while the calling thread writes them, and (in
 # durable files) handed to the device right away.
 _LARGE_WRITE_BYTES = 1 << 20
-# The digest of every shard conversion writes (the manifest names it): BLAKE3 hashes these bytes 2.5x as fast
-# as sha256 with SHA-NI on one core of this machine (see core/digests.py).
+# The digest of every shard conversion writes (the manifest names it): BLAKE3 hashes these bytes faster than
+# sha256 with SHA-NI on one core (see core/digests.py).
 SHARD_DIGEST = DigestAlgorithm.BLAKE3
 
 
@@ -69,7 +69,7 @@ class TFRecordFileWriter:
     With `durable=True`, `close()` returns only once the bytes are on the storage device (fsync): a manifest
     written after it can never name a shard that a crash left short. A durable file is written with O_DIRECT
     (`DirectFile`) unless `direct=False`: conversion never reads a shard back, so caching its pages only costs
-    CPU (training's first epoch then reads from the device: 1.3 GB/s cold here, ten times what it consumes). With
+    CPU (training's first epoch then reads from the device, cold, far faster than it consumes). With
     a `hasher` executor, large writes are hashed on it beside the file write; with a `device` executor, a direct
     file's full blocks are written there while the next is filled (`DirectFile`).
     """

@@ -13,6 +13,15 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
+from scipy import special
+from sklearn.metrics import (
+    accuracy_score,
+    confusion_matrix,
+    mean_absolute_error,
+    mean_squared_error,
+    r2_score,
+    roc_auc_score,
+)
 
 from pipeline_lib.config import PipelineConfig, SliceSpec, Task
 from pipeline_lib.core import storage
@@ -33,40 +42,22 @@ logger = logging.getLogger(__name__)
 DEFAULT_BATCH_SIZE = 256
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-
-
-def _average_ranks(values: np.ndarray) -> np.ndarray:
-    """1-based ranks with ties given their average rank (what the Mann-Whitney AUC needs)."""
-    order = np.argsort(values, kind="mergesort")
-    sorted_values = values[order]
-    ranks = np.empty(len(values), dtype=np.float64)
-    # Boundaries of runs of equal values.
-    starts = np.flatnonzero(np.r_[True, sorted_values[1:] != sorted_values[:-1]])
-    ends = np.r_[starts[1:], len(values)]
-    for start, end in zip(starts, ends):
-        ranks[order[start:end]] = (start + end + 1) / 2.0
-    return ranks
-
-
 def binary_auc(is_positive: np.ndarray, scores: np.ndarray) -> float:
-    """ROC AUC of scores for a binary target (ties count one half); NaN when one class is absent."""
+    """ROC AUC of scores for a binary target (`sklearn.metrics.roc_auc_score`, ties count one half); NaN when one
+    class is absent (a slice of one class)."""
     is_positive = np.asarray(is_positive, dtype=bool)
-    num_pos = int(is_positive.sum())
-    num_neg = len(is_positive) - num_pos
-    if num_pos == 0 or num_neg == 0:
+    if is_positive.all() or not is_positive.any():
         return float("nan")
-    ranks = _average_ranks(np.asarray(scores, dtype=np.float64))
-    return float((ranks[is_positive].sum() - num_pos * (num_pos + 1) / 2.0) / (num_pos * num_neg))
+    return float(roc_auc_score(is_positive, scores))
 
 
 def classification_metrics(labels: np.ndarray, logits: np.ndarray) -> tuple[dict[str, float], list[list[int]]]:
     """Loss, accuracy, AUC and the confusion matrix from integer labels and logits.
 
     AUC is the ROC AUC of class 1's probability for two classes and the unweighted mean of the
-    one-vs-rest AUCs of every class present (with negatives) for more.
+    one-vs-rest AUCs of every class present (with negatives) for more: scikit-learn's
+    `roc_auc_score(multi_class="ovr", average="macro")` when every class is present, and still
+    defined on a slice that lacks some.
 
     Args:
         labels: int class indices, shape [n].
@@ -86,10 +77,9 @@ def classification_metrics(labels: np.ndarray, logits: np.ndarray) -> tuple[dict
             f"eval labels span {int(labels.min())}..{int(labels.max())} but the model outputs {num_classes} "
             f"classes; set model.num_classes to the number of label values and retrain"
         )
-    log_probs = _log_softmax(logits)
+    log_probs = special.log_softmax(logits, axis=1)
     loss = float(-log_probs[np.arange(len(labels)), labels].mean())
     predicted = logits.argmax(axis=1)
-    accuracy = float((predicted == labels).mean())
     probs = np.exp(log_probs)
     if num_classes == 2:
         auc = binary_auc(labels == 1, probs[:, 1])
@@ -97,20 +87,21 @@ def classification_metrics(labels: np.ndarray, logits: np.ndarray) -> tuple[dict
         per_class = [binary_auc(labels == c, probs[:, c]) for c in range(num_classes)]
         present = [a for a in per_class if not math.isnan(a)]
         auc = float(np.mean(present)) if present else float("nan")
-    matrix = np.zeros((num_classes, num_classes), dtype=np.int64)
-    np.add.at(matrix, (labels, predicted), 1)
-    return {"loss": loss, "accuracy": accuracy, "auc": auc}, matrix.tolist()
+    matrix = confusion_matrix(labels, predicted, labels=np.arange(num_classes))
+    return {"loss": loss, "accuracy": float(accuracy_score(labels, predicted)), "auc": auc}, matrix.tolist()
 
 
 def regression_metrics(targets: np.ndarray, predictions: np.ndarray) -> dict[str, float]:
-    """Loss (mean squared error, the training loss), MAE, RMSE and R² (1 - MSE / the targets' variance; NaN when
-    the targets are constant), all in the label's units."""
+    """Loss (mean squared error, the training loss), MAE, RMSE and R², all in the label's units.
+
+    R² is `sklearn.metrics.r2_score`, but NaN when the targets are constant (scikit-learn reports 0 or 1 there,
+    which would pass or fail a gate on a split that cannot measure it).
+    """
     targets = np.asarray(targets, dtype=np.float64)
-    errors = np.asarray(predictions, dtype=np.float64).reshape(-1) - targets
-    mse = float(np.mean(errors ** 2))
-    variance = float(np.var(targets)) if len(targets) else 0.0
-    r2 = 1.0 - mse / variance if variance > 0 else float("nan")
-    return {"loss": mse, "mae": float(np.mean(np.abs(errors))), "rmse": math.sqrt(mse), "r2": r2}
+    predictions = np.asarray(predictions, dtype=np.float64).reshape(-1)
+    mse = float(mean_squared_error(targets, predictions))
+    r2 = float(r2_score(targets, predictions)) if len(targets) and np.ptp(targets) > 0 else float("nan")
+    return {"loss": mse, "mae": float(mean_absolute_error(targets, predictions)), "rmse": math.sqrt(mse), "r2": r2}
 
 
 def predict_split(model: keras.Model, manifest: Manifest, task: Task, *, split: str = "eval",

@@ -1,6 +1,7 @@
 """The plots a reviewer reads instead of numbers: a confusion-matrix heatmap with class names, ROC and
 precision-recall curves (one-vs-rest for more than two classes), a calibration curve; for regression, predictions
-against targets and the residuals.
+against targets and the residuals. The curves are scikit-learn's: tied scores form one step, so a curve does not
+depend on the order of the rows.
 
 Figures are drawn on matplotlib's object API (no pyplot state, safe in any thread) and written as PNG files, which
 MLflow shows as images in the run's artifacts (what `mlflow.log_figure` writes).
@@ -14,6 +15,14 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from scipy import special
+from sklearn.calibration import calibration_curve
+from sklearn.metrics import (
+    confusion_matrix,
+    precision_recall_curve,
+    roc_auc_score,
+    roc_curve,
+)
 
 from pipeline_lib.config import Task
 from pipeline_lib.core import storage
@@ -23,39 +32,14 @@ CALIBRATION_BINS = 10
 MAX_CURVES = 10
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    exp = np.exp(shifted)
-    return exp / exp.sum(axis=1, keepdims=True)
-
-
-def roc_curve(is_positive: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(false positive rates, true positive rates) from the highest score down, starting at (0, 0)."""
-    order = np.argsort(-scores, kind="mergesort")
-    positive = is_positive[order].astype(np.float64)
-    tp, fp = np.cumsum(positive), np.cumsum(1.0 - positive)
-    num_pos, num_neg = max(tp[-1], 1.0), max(fp[-1], 1.0)
-    return np.r_[0.0, fp / num_neg], np.r_[0.0, tp / num_pos]
-
-
-def precision_recall_curve(is_positive: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(recall, precision) from the highest score down."""
-    order = np.argsort(-scores, kind="mergesort")
-    positive = is_positive[order].astype(np.float64)
-    tp = np.cumsum(positive)
-    predicted = np.arange(1, len(positive) + 1, dtype=np.float64)
-    return tp / max(tp[-1], 1.0), tp / predicted
-
-
-def calibration_curve(correct: np.ndarray, confidence: np.ndarray,
-                      bins: int = CALIBRATION_BINS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(mean confidence, observed frequency, count) per non-empty confidence bin."""
-    index = np.minimum((confidence * bins).astype(int), bins - 1)
-    counts = np.bincount(index, minlength=bins)
-    seen = counts > 0
-    mean_conf = np.bincount(index, weights=confidence, minlength=bins)[seen] / counts[seen]
-    frequency = np.bincount(index, weights=correct.astype(np.float64), minlength=bins)[seen] / counts[seen]
-    return mean_conf, frequency, counts[seen]
+def _calibration(correct: np.ndarray, confidence: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean confidence, observed frequency, count) per non-empty bin of `CALIBRATION_BINS` uniform bins."""
+    frequency, mean_conf = calibration_curve(correct.astype(np.int64), confidence, pos_label=1,
+                                             n_bins=CALIBRATION_BINS, strategy="uniform")
+    # The counts the points are annotated with, binned as calibration_curve bins (right-closed interior edges).
+    edges = np.linspace(0.0, 1.0, CALIBRATION_BINS + 1)
+    counts = np.bincount(np.searchsorted(edges[1:-1], confidence), minlength=CALIBRATION_BINS)
+    return mean_conf, frequency, counts[counts > 0]
 
 
 def _confusion_figure(matrix: np.ndarray, names: Sequence[str]) -> Figure:
@@ -89,9 +73,9 @@ def _curves(labels: np.ndarray, probs: np.ndarray, names: Sequence[str]) -> tupl
         positive = labels == cls
         if positive.all() or not positive.any():
             continue
-        fpr, tpr = roc_curve(positive, probs[:, cls])
-        auc = float(np.trapezoid(tpr, fpr))
-        recall, precision = precision_recall_curve(positive, probs[:, cls])
+        fpr, tpr, _ = roc_curve(positive, probs[:, cls])
+        auc = float(roc_auc_score(positive, probs[:, cls]))
+        precision, recall, _ = precision_recall_curve(positive, probs[:, cls])
         label = names[cls] if probs.shape[1] > 2 else f"{names[cls]} vs rest"
         roc_ax.plot(fpr, tpr, label=f"{label} (AUC {auc:.3f})", linewidth=1.2)
         pr_ax.plot(recall, precision, label=label, linewidth=1.2)
@@ -111,7 +95,7 @@ def _calibration_figure(labels: np.ndarray, probs: np.ndarray) -> Figure:
         confidence, correct, what = probs[:, 1], labels == 1, "P(class 1)"
     else:
         confidence, correct, what = probs.max(axis=1), probs.argmax(axis=1) == labels, "top-class confidence"
-    mean_conf, frequency, counts = calibration_curve(correct, confidence)
+    mean_conf, frequency, counts = _calibration(correct, confidence)
     ax.plot([0, 1], [0, 1], linestyle="--", color="grey", linewidth=0.8, label="perfectly calibrated")
     ax.plot(mean_conf, frequency, marker="o", label="model")
     for x, y, n in zip(mean_conf, frequency, counts):
@@ -148,12 +132,11 @@ def evaluation_figures(task: Task, labels: np.ndarray, outputs: np.ndarray,
         return _regression_figures(np.asarray(labels, dtype=np.float64).reshape(-1),
                                    np.asarray(outputs, dtype=np.float64).reshape(-1))
     labels = np.asarray(labels, dtype=np.int64)
-    probs = _softmax(np.asarray(outputs, dtype=np.float64))
+    probs = special.softmax(np.asarray(outputs, dtype=np.float64), axis=1)
     num_classes = probs.shape[1]
     names = list(class_names) if class_names and len(class_names) == num_classes else [str(i) for i in
                                                                                        range(num_classes)]
-    matrix = np.zeros((num_classes, num_classes), dtype=np.int64)
-    np.add.at(matrix, (labels, probs.argmax(axis=1)), 1)
+    matrix = confusion_matrix(labels, probs.argmax(axis=1), labels=np.arange(num_classes))
     roc, pr = _curves(labels, probs, names)
     return {"confusion_matrix": _confusion_figure(matrix, names), "roc": roc, "precision_recall": pr,
             "calibration": _calibration_figure(labels, probs)}

@@ -83,8 +83,8 @@ def predict(config: PredictConfig) -> PredictResult:
 
     The input is read `batch_rows` rows at a time (one file after another, each in order); while the model scores
     one chunk, the next is read and converted on a helper thread and the previous one is written on another, so
-    at most three chunks are held (the overlap measured 1.25x the rows/s of doing the three in turn, 500,000 rows of
-    32 floats on 2 cores). The output holds the kept columns, `prediction` and, for classification,
+    at most three chunks are held (the overlap scores more rows/s than doing the three in turn: bench/bench_scoring.py).
+    The output holds the kept columns, `prediction` and, for classification,
     `probability_<class>`, in input order; it appears at OUTPUT only once every row is written.
 
     Raises:

@@ -44,11 +44,19 @@ from pipeline_lib.data.convert import convert
 from pipeline_lib.data.errors import ConversionError
 from pipeline_lib.data.manifest import DType, TimeKind
 from pipeline_lib.data.split import eval_mask, hashed_columns, split_hash
-from pipeline_lib.data.statistics import MISSING_INT64, bucket_key, load_statistics
+from pipeline_lib.data.statistics import MISSING_INT64, SKETCH_SHIFT, load_statistics
 from tests.pipeline_lib.data.conversion_support import read_all
 
 EXAMPLES_ENV = "TFDAG_PROPERTY_EXAMPLES"
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def bucket_key(values: np.ndarray) -> np.ndarray:
+    """The reference sketch key of each float32 value (`data.statistics`): its top bits, negated (minus one) for
+    negative values."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    magnitude = ((bits & np.uint32(0x7FFFFFFF)) >> np.uint32(SKETCH_SHIFT)).astype(np.int64)
+    return np.where(bits >> np.uint32(31) == 1, -magnitude - 1, magnitude)
 
 
 def examples_from_env(default: int) -> int:

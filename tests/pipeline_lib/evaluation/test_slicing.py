@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sklearn.metrics import roc_auc_score
-from sklearn.metrics import roc_curve as sk_roc_curve
+from scipy import special
+from sklearn.calibration import calibration_curve
+from sklearn.metrics import precision_recall_curve, roc_auc_score, roc_curve
 
 from pipeline_lib.config import BucketSlice, EvaluationConfig, GateConfig, Task
 from pipeline_lib.evaluation import metrics as evaluation
@@ -113,12 +114,45 @@ def test_classification_plots_are_pngs_and_their_curves_match_sklearn(tmp_path):
             assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
     labels_drawn = [t.get_text() for t in figures["confusion_matrix"].axes[0].get_xticklabels()]
     assert labels_drawn == ["cat", "dog", "owl"]
-    fpr, tpr = plots.roc_curve(labels == 1, probs[:, 1])
-    assert np.trapezoid(tpr, fpr) == pytest.approx(roc_auc_score(labels == 1, probs[:, 1]))
-    sk_fpr, sk_tpr, _ = sk_roc_curve(labels == 1, probs[:, 1])
-    assert np.interp(0.2, fpr, tpr) == pytest.approx(np.interp(0.2, sk_fpr, sk_tpr), abs=1e-9)
-    _, frequency, counts = plots.calibration_curve(probs.argmax(axis=1) == labels, probs.max(axis=1))
-    assert counts.sum() == 300 and np.all((frequency >= 0) & (frequency <= 1))
+    roc_line = figures["roc"].axes[0].lines[1]  # one line per class, then the diagonal
+    sk_fpr, sk_tpr, _ = roc_curve(labels == 1, probs[:, 1])
+    np.testing.assert_allclose(roc_line.get_xydata(), np.column_stack([sk_fpr, sk_tpr]))
+    assert f"(AUC {roc_auc_score(labels == 1, probs[:, 1]):.3f})" in roc_line.get_label()
+    precision, recall, _ = precision_recall_curve(labels == 1, probs[:, 1])
+    np.testing.assert_allclose(figures["precision_recall"].axes[0].lines[1].get_xydata(),
+                               np.column_stack([recall, precision]))
+    top, confidence = probs.argmax(axis=1) == labels, probs.max(axis=1)
+    frequency, mean_confidence = calibration_curve(top, confidence, n_bins=plots.CALIBRATION_BINS)
+    model_line = figures["calibration"].axes[0].lines[1]
+    np.testing.assert_allclose(model_line.get_xydata(), np.column_stack([mean_confidence, frequency]))
+    counts = [int(text.get_text()) for text in figures["calibration"].axes[0].texts]
+    assert sum(counts) == 300 and len(counts) == len(frequency)
+
+
+def _curve_data(figures):
+    return {name: [line.get_xydata() for line in figures[name].axes[0].lines]
+            for name in ("roc", "precision_recall", "calibration")}
+
+
+@pytest.mark.parametrize("num_classes", [2, 3])
+def test_curves_of_tied_scores_do_not_depend_on_row_order(num_classes):
+    # Scores rounded to 1 decimal: most rows tie with others of both classes, and a calibration bin's edge is hit.
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, num_classes, size=200)
+    logits = np.round(rng.normal(size=(200, num_classes)) + np.eye(num_classes)[labels], 1)
+    order = rng.permutation(200)
+
+    first = _curve_data(plots.evaluation_figures(Task.CLASSIFICATION, labels, logits))
+    shuffled = _curve_data(plots.evaluation_figures(Task.CLASSIFICATION, labels[order], logits[order]))
+
+    for name, lines in first.items():
+        assert len(lines) == len(shuffled[name])
+        for line, other in zip(lines, shuffled[name]):  # the same points; a bin's mean sums in row order
+            assert line.shape == other.shape
+            np.testing.assert_allclose(line, other, rtol=1e-12)
+    probs = special.softmax(logits, axis=1)  # as the plots compute them: equal logit gaps give equal floats
+    fpr, tpr, _ = roc_curve(labels == 1, probs[:, 1])
+    np.testing.assert_allclose(first["roc"][1 if num_classes > 2 else 0], np.column_stack([fpr, tpr]))
 
 
 def test_regression_plots(tmp_path):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from pipeline_lib.config import Task
+from pipeline_lib.data.accumulators import NumericAccumulator
 from pipeline_lib.data.manifest import DType, FeatureSpec, Schema
 from pipeline_lib.data.statistics import (
     DatasetStatistics,
@@ -14,7 +15,6 @@ from pipeline_lib.data.statistics import (
     NumericStatistics,
     SplitStatistics,
     StringStatistics,
-    bucket_key,
 )
 from pipeline_lib.evaluation import metrics as evaluation
 from pipeline_lib.evaluation.trivial import trivial_predictor
@@ -31,10 +31,9 @@ def _statistics(label: FeatureStatistics, eval_label: FeatureStatistics | None =
 
 
 def _integer_labels(values: list[int]) -> FeatureStatistics:
-    keys, counts = np.unique(bucket_key(np.asarray(values, dtype=np.float32)), return_counts=True)
-    return FeatureStatistics(dtype=DType.INT64, numeric=NumericStatistics(
-        count=len(values), missing=0, min=min(values), max=max(values), mean=float(np.mean(values)),
-        variance=float(np.var(values)), sketch=dict(zip(keys.tolist(), counts.tolist()))))
+    accumulator = NumericAccumulator()  # the conversion's own sketch of the label
+    accumulator.add(np.asarray(values, dtype=np.int64))
+    return FeatureStatistics(dtype=DType.INT64, numeric=accumulator.result())
 
 
 def _schema(dtype=DType.INT64, vocabulary=None) -> Schema:
