@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 from pipeline_lib.config import AutoShard, TrainConfig
 from pipeline_lib.core.errors import UserError
 from pipeline_lib.data.manifest import Manifest
+from pipeline_lib.planning.batch import global_batch_size
 
 logger = logging.getLogger(__name__)
 
@@ -151,8 +152,8 @@ def plan_shards(
         raise PlanError(f"the manifest of {manifest.dataset_uri} has no {split!r} shards (splits: {splits}); "
                         "convert the data again or plan another split")
     total = sum(s.num_records for s in shards)
-    per_worker_batch = per_replica_batch_size * replicas_per_worker
-    global_batch = per_worker_batch * num_workers
+    per_worker_batch = global_batch_size(per_replica_batch_size, replicas_per_worker, num_workers=1)
+    global_batch = global_batch_size(per_replica_batch_size, replicas_per_worker, num_workers)
     batch_words = (f"{per_replica_batch_size} per replica × {replicas_per_worker} replica(s) × "
                    f"{num_workers} worker(s)")
     warnings: list[str] = []

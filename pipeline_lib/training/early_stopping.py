@@ -79,7 +79,7 @@ class StopRule(Protocol):
     """A rule besides patience that the chief applies at each evaluation: a tuning trial's pruner
     (`tuning.pruning`). `observe` sees every evaluation's metrics; `outcome`, asked after an evaluation on the
     checkpoint cadence, is the stop it calls for (an EarlyStop with `pruned` set), which the group agrees on and
-    leaves at like an early stop. Only the chief has one."""
+    leaves at like an early stop. Only the chief has one; its loop runs it as an action (`actions.pruning`)."""
 
     def observe(self, step: int, metrics: Mapping[str, float]) -> None: ...
 

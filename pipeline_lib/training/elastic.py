@@ -18,38 +18,26 @@ import logging
 
 from pipeline_lib.checkpoints.records import CheckpointRecord, DataPosition
 from pipeline_lib.config import TrainConfig
+from pipeline_lib.planning.batch import BatchScaling, create_batch_scaling
 from pipeline_lib.planning.sharding import AutoShardPolicy, ShardPlan
-from pipeline_lib.training import strategy as strategies
 from pipeline_lib.training.errors import TrainingError
 
 logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class ElasticAttempt:
-    """One attempt of an elastic run: its sizes, its learning rate and the record of the training stream it starts at.
+class ElasticAttempt(BatchScaling):
+    """One attempt of an elastic run: its batch scaling (sizes and learning rate, `planning.batch`) and the record of
+    the training stream it starts at.
 
     The training stream is every epoch's order (all train records, shuffled with the epoch's seed), each cut to
     `epoch_records` = floor(N / G) · G records for the configured global batch G, one after the other; global step j
     of the attempt consumes records [start_records + j · global_batch, start_records + (j + 1) · global_batch).
     """
 
-    num_workers: int
-    replicas_per_worker: int
-    configured_global_batch: int
-    global_batch: int
-    per_replica_batch: int
-    learning_rate: float
-    # The global batch in configured per-replica batches: the replicas `train.lr_scaling` scales the base rate by
-    # (exactly the plan's replicas when the global batch is kept, so the rate is the full-size run's).
-    learning_rate_replicas: float
     epoch_records: int
     start_step: int = 0
     start_records: int = 0
-
-    @property
-    def per_worker_batch(self) -> int:
-        return self.global_batch // self.num_workers
 
     def position_at(self, step: int) -> DataPosition:
         """The data position after global step `step` of this attempt (for the checkpoint of that step)."""
@@ -68,14 +56,6 @@ class ElasticAttempt:
         return (f"elastic attempt on {self.num_workers} worker(s): {batch}, {self.per_replica_batch} per replica, "
                 f"learning rate {self.learning_rate:.6g}; from step {self.start_step}, record {offset} of epoch "
                 f"{epoch} ({self.epoch_records} records per epoch)")
-
-
-def nearest_global_batch(configured: int, num_replicas: int) -> int:
-    """The multiple of `num_replicas` nearest `configured` (at least `num_replicas`); a tie goes to the smaller, so no
-    replica holds more than the configured batch needs."""
-    below = max(num_replicas, configured // num_replicas * num_replicas)
-    above = -(-configured // num_replicas) * num_replicas
-    return below if configured - below <= above - configured else above
 
 
 def create_attempt(plan: ShardPlan, train_config: TrainConfig, num_workers: int, replicas_per_worker: int, *,
@@ -103,21 +83,12 @@ def create_attempt(plan: ShardPlan, train_config: TrainConfig, num_workers: int,
             f"the shard plan has {plan.replicas_per_worker} replica(s) per worker but the strategy has "
             f"{replicas_per_worker}; every attempt of an elastic run needs the replicas per worker the plan was made "
             "for (train.cpu_replicas, GPUs per worker)")
-    if parameter_server:
-        global_batch = plan.per_replica_batch_size * replicas_per_worker
-        per_replica, lr_replicas = plan.per_replica_batch_size, replicas_per_worker
-    else:
-        num_replicas = num_workers * replicas_per_worker
-        global_batch = nearest_global_batch(plan.global_batch_size, num_replicas)
-        per_replica, lr_replicas = global_batch // num_replicas, global_batch / plan.per_replica_batch_size
-    learning_rate = strategies.scaled_learning_rate(train_config.base_learning_rate, train_config.lr_scaling,
-                                                    lr_replicas)
-    return ElasticAttempt(num_workers=num_workers, replicas_per_worker=replicas_per_worker,
-                          configured_global_batch=global_batch if parameter_server else plan.global_batch_size,
-                          global_batch=global_batch,
-                          per_replica_batch=per_replica, learning_rate=learning_rate,
-                          learning_rate_replicas=lr_replicas,
-                          epoch_records=plan.steps_per_epoch * plan.global_batch_size)
+    scaling = create_batch_scaling(per_replica_batch=plan.per_replica_batch_size, num_workers=num_workers,
+                                   replicas_per_worker=replicas_per_worker,
+                                   base_learning_rate=train_config.base_learning_rate,
+                                   lr_scaling=train_config.lr_scaling, parameter_server=parameter_server,
+                                   resize_from=plan.global_batch_size)
+    return ElasticAttempt(**dataclasses.asdict(scaling), epoch_records=plan.steps_per_epoch * plan.global_batch_size)
 
 
 def resume(attempt: ElasticAttempt, restored: CheckpointRecord | None, start_step: int) -> ElasticAttempt:

@@ -36,12 +36,12 @@ def epochs_dataset(manifest: Manifest, train_config: TrainConfig, batch: int, fi
 
     Epoch e is `create_dataset` shuffled with `epoch_seed(seed, e)` and cut to `batches_per_epoch`, so a resumed
     run sees the batches an uninterrupted one saw; the first epoch skips the `first_skip` already trained.
-    Rebuilding the pipeline for each epoch instead cost about 0.2 s of Python and tracing per epoch, more than
-    a small epoch's whole input.
+    Rebuilding the pipeline for each epoch instead costs Python and tracing per epoch, more than a small epoch's
+    whole input.
     """
 
     # Built once by plain Python: AutoGraph (flat_map's default) would convert this and every builder it calls,
-    # about 1 s of a fresh process's first training here, for no control flow on tensors (the skip is a tf.where).
+    # a large share of a fresh process's first training, for no control flow on tensors (the skip is a tf.where).
     # The functions the builders pass to `map` are still converted, by their own trace.
     @tf.autograph.experimental.do_not_convert
     def epoch_dataset(epoch: tf.Tensor) -> tf.data.Dataset:

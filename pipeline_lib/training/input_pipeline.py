@@ -385,7 +385,7 @@ def batches_from_record_chunks(dataset: tf.data.Dataset, manifest: Manifest, bat
     `batch_size` (re-cut from the chunks unless `rebatch` is False: the chunks are the batches already)."""
     by_layout = make_layout_inputs_fn(manifest.feature_schema, manifest.record_layout, is_classification)
     # Either way the function's branches are on Python values only: left to AutoGraph (map's default), a fresh
-    # process's first trace spent about 0.15 s of CPU converting it and what it calls, for nothing to convert.
+    # process's first trace spent CPU converting it and what it calls, for nothing to convert.
     if by_layout is not None:  # every record has the manifest's byte layout: slice the values out, no parse
         dataset = dataset.map(tf.autograph.experimental.do_not_convert(by_layout),
                               num_parallel_calls=tf.data.AUTOTUNE)

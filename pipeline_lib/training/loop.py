@@ -22,21 +22,27 @@ from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.planning.sharding import ShardPlan
 from pipeline_lib.training import elastic, epochs, input_pipeline, staging
 from pipeline_lib.training import strategy as strategies
+from pipeline_lib.training.actions.base import LoopAction
+from pipeline_lib.training.actions.coordinator import JoinCoordinator
+from pipeline_lib.training.actions.early_stopping import StopEarly
+from pipeline_lib.training.actions.preemption import SaveCheckpointIfPreempted
+from pipeline_lib.training.actions.profiling import ProfileWindow
+from pipeline_lib.training.actions.pruning import PruneTrial
+from pipeline_lib.training.actions.tensorboard import UploadTensorBoard
 from pipeline_lib.training.agreement import StopAgreement
 from pipeline_lib.training.controller import LoopController
 from pipeline_lib.training.early_stopping import EarlyStopping, StopRule
 from pipeline_lib.training.errors import TrainingError
 from pipeline_lib.training.evaluator import Evaluator
 from pipeline_lib.training.hooks import MetricsSink, NullSink, TrainHooks
-from pipeline_lib.training.profiling import ProfileWindow
 from pipeline_lib.training.progress import ProgressLogger
 from pipeline_lib.training.results import TrainResult
 from pipeline_lib.training.setup import (
     TrainingState,
+    batch_for_strategy,
     create_training_state,
     op_determinism_enabled,
     seed_everything,
-    synchronous_global_batch,
 )
 from pipeline_lib.training.step import StepOutputs, create_train_step
 
@@ -108,16 +114,12 @@ def train(
                                          parameter_server=is_parameter_server)
     if is_parameter_server:
         _check_coordinator(cluster, config)
-        # Each scheduled step runs on one worker; its batch is that worker's replicas.
-        global_batch = plan.per_replica_batch_size * choice.num_replicas
         coordinator = tf.distribute.coordinator.ClusterCoordinator(choice.strategy)
-    elif attempt is not None:
-        global_batch = attempt.global_batch
-    else:
-        global_batch = synchronous_global_batch(plan, choice, config)
-    state = create_training_state(config, manifest, plan, run_dir, cluster, choice, attempt)
+    # The attempt's batches and learning rate, which everything below reads.
+    batch = attempt if attempt is not None else batch_for_strategy(plan, choice, config)
+    state = create_training_state(config, manifest, plan, run_dir, cluster, choice, batch)
     if attempt is not None:
-        attempt = elastic.resume(attempt, state.restored, state.start_step)
+        batch = attempt = elastic.resume(attempt, state.restored, state.start_step)
         logger.info("%s", attempt.describe())
     hooks.on_restored(state.start_step)
     step_metrics = config.observability.step_metrics
@@ -125,23 +127,16 @@ def train(
     measure_input_wait = step_metrics and not op_determinism_enabled()
     if step_metrics and not measure_input_wait:
         logger.info("input wait not measured: TensorFlow's op determinism (train.deterministic) refuses its clock op")
+    global_batch = batch.global_batch
     train_step = create_train_step(choice.strategy, state.model, state.optimizer, config.model.task, global_batch,
                                    train_config.mixed_precision, train_config.jit_compile, measure_input_wait,
                                    measure_gradient_norm=step_metrics)
     evaluate = Evaluator(state.model, manifest, config.model.task) if cluster.is_chief else None
     progress = ProgressLogger(cluster.is_chief, state.run_storage.local_tensorboard_dir, sink, global_batch,
                               state.start_step)
-    restored = state.restored.metrics if state.restored is not None else {}
-    window = config.observability.profile_steps
-    profile = (ProfileWindow(window[0], window[1], state.run_storage.local_tensorboard_dir)
-               if window is not None and cluster.is_chief else None)
     early_stopping = EarlyStopping.for_config(config, state.patience)
-    controller = LoopController(train_config, plan.total_steps, global_batch, state, hooks, progress, evaluate,
-                                before_save=coordinator.join if coordinator is not None else None,
-                                restored_loss=restored.get(TRAIN_LOSS_METRIC, math.nan), profile=profile,
-                                early_stopping=early_stopping,
-                                stop_rule=stop_rule if cluster.is_chief else None,
-                                data_position_fn=attempt.position_at if attempt is not None else None)
+    actions = _create_actions(config, cluster, state, progress, early_stopping, stop_rule, coordinator)
+    controller = LoopController(train_config, plan.total_steps, batch, state, hooks, progress, evaluate, actions)
     try:
         try:
             if attempt is not None and coordinator is not None:
@@ -182,11 +177,10 @@ def train(
         strategy_reason=choice.reason,
         num_workers=choice.num_workers,
         num_replicas=choice.num_replicas,
-        per_replica_batch_size=attempt.per_replica_batch if attempt is not None else plan.per_replica_batch_size,
-        global_batch_size=global_batch,
+        per_replica_batch_size=batch.per_replica_batch,
+        global_batch_size=batch.global_batch,
         base_learning_rate=train_config.base_learning_rate,
-        scaled_learning_rate=attempt.learning_rate if attempt is not None else strategies.scaled_learning_rate(
-            train_config.base_learning_rate, train_config.lr_scaling, choice.num_replicas),
+        scaled_learning_rate=batch.learning_rate,
         lr_scaling=train_config.lr_scaling.value,
         steps_per_epoch=plan.steps_per_epoch,
         total_steps=plan.total_steps,
@@ -206,6 +200,24 @@ def train(
         stop_reason=early_stop.reason if early_stop is not None else early_stopping.ceiling_reason(plan.total_steps),
         pruned=pruned,
     )
+
+
+def _create_actions(config: PipelineConfig, cluster: ClusterInfo, state: TrainingState, progress: ProgressLogger,
+                    early_stopping: EarlyStopping, stop_rule: StopRule | None, coordinator) -> list[LoopAction]:
+    """The loop's actions, in the order the controller runs them: patience before a pruner, so a trial that would
+    have stopped anyway is not counted as pruned; the profile window before the TensorBoard upload, so the last
+    upload holds the trace."""
+    actions: list[LoopAction] = [SaveCheckpointIfPreempted(), StopEarly(early_stopping)]
+    if stop_rule is not None and cluster.is_chief:  # only the chief's rule counts
+        actions.append(PruneTrial(stop_rule))
+    window = config.observability.profile_steps
+    if window is not None and cluster.is_chief:
+        actions.append(ProfileWindow(window[0], window[1], state.run_storage.local_tensorboard_dir))
+    if state.run_storage.tensorboard_sync is not None:  # a remote run's chief
+        actions.append(UploadTensorBoard(progress, state.run_storage))
+    if coordinator is not None:
+        actions.append(JoinCoordinator(coordinator))
+    return actions
 
 
 def _check_jit_compile(jit_compile: bool, manifest: Manifest) -> None:

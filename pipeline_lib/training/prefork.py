@@ -1,7 +1,7 @@
 """What a process that forks training workers does once, before it forks: `prepare()`.
 
-A process's first `train()` has AutoGraph rewrite the step and evaluation functions (Python AST work, 0.4 to 0.5 s
-of CPU here) and imports TensorBoard's summary ops on its first `tf.summary` write (about 0.1 s). A long-lived
+A process's first `train()` has AutoGraph rewrite the step and evaluation functions (Python AST work, a
+large share of a small run's CPU) and imports TensorBoard's summary ops on its first `tf.summary` write. A long-lived
 process pays once; a worker process paid every time. The fork server (`launch.forkserver`) calls `prepare()`
 after its imports: each worker inherits the converted code, found in AutoGraph's cache (keyed by code object and
 conversion options) by its first trace, and the imported modules. Both are pure Python: no TensorFlow context is

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from pipeline_lib.data.manifest import DType, FeatureSpec, Schema
+from pipeline_lib.data.manifest import FeatureSpec, Schema
 from pipeline_lib.data.statistics import DatasetStatistics
 from pipeline_lib.training.calendar_parts import CalendarFeatures, year_constants
 from pipeline_lib.training.column_names import input_names
@@ -201,6 +201,3 @@ def preprocess_inputs(inputs: dict[str, Any], schema: Schema, statistics: Datase
             + string_blocks(inputs, schema, statistics, params, normalize=normalize)
             + time_blocks(inputs, schema, statistics, normalize=normalize))
 
-
-def has_strings(schema: Schema) -> bool:
-    return any(spec.dtype == DType.STRING for spec in schema.features)

@@ -1,4 +1,4 @@
-"""What both training loops start from: seeding, the global batch, and the model state restored from a checkpoint."""
+"""What both training loops start from: seeding, the batch scaling, and the model state restored from a checkpoint."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from pipeline_lib.checkpoints.records import CheckpointRecord
 from pipeline_lib.checkpoints.run_storage import RunStorage
 from pipeline_lib.checkpoints.store import CheckpointStore
 from pipeline_lib.cluster.info import ClusterInfo
-from pipeline_lib.config import PipelineConfig, TrainConfig
+from pipeline_lib.config import PipelineConfig, Strategy, TrainConfig
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.data.statistics import load_statistics
+from pipeline_lib.planning.batch import BatchScaling, create_batch_scaling
 from pipeline_lib.planning.sharding import ShardPlan
 from pipeline_lib.training import models
 from pipeline_lib.training import strategy as strategies
 from pipeline_lib.training.early_stopping import PatienceState
-from pipeline_lib.training.elastic import ElasticAttempt
 from pipeline_lib.training.errors import TrainingError
 
 logger = logging.getLogger(__name__)
@@ -64,14 +64,25 @@ def op_determinism_enabled() -> bool:
     return bool(tf_config.is_op_determinism_enabled())
 
 
-def synchronous_global_batch(plan: ShardPlan, choice: strategies.StrategyChoice, config: PipelineConfig) -> int:
-    """The global batch of a synchronous strategy, after checking that the shard plan was made for it.
+def batch_for_strategy(plan: ShardPlan, choice: strategies.StrategyChoice, config: PipelineConfig) -> BatchScaling:
+    """The batch scaling of a run that is not elastic, after checking that the shard plan was made for its strategy.
+
+    A synchronous strategy's step is the plan's per-replica batch on every replica, which must make the plan's global
+    batch. Under parameter_server a step runs on one worker: the plan's per-replica batch on that worker's replicas.
 
     Raises:
-        TrainingError: when the plan's global batch is not the strategy's, or the plan has no step.
+        TrainingError: when the plan's global batch is not the synchronous strategy's, or the plan has no step.
     """
-    global_batch = plan.per_replica_batch_size * choice.num_replicas
-    if plan.global_batch_size != global_batch:
+    train = config.train
+    if choice.kind == Strategy.PARAMETER_SERVER:
+        # ParameterServerStrategy's replicas in sync are those of the one worker that runs a step.
+        return create_batch_scaling(per_replica_batch=plan.per_replica_batch_size, num_workers=choice.num_workers,
+                                    replicas_per_worker=choice.num_replicas, base_learning_rate=train.base_learning_rate,
+                                    lr_scaling=train.lr_scaling, parameter_server=True)
+    scaling = create_batch_scaling(per_replica_batch=plan.per_replica_batch_size, num_workers=choice.num_workers,
+                                   replicas_per_worker=choice.replicas_per_worker,
+                                   base_learning_rate=train.base_learning_rate, lr_scaling=train.lr_scaling)
+    if plan.global_batch_size != scaling.global_batch:
         raise TrainingError(
             f"the shard plan's global_batch_size ({plan.global_batch_size}) is not per_replica_batch_size "
             f"({plan.per_replica_batch_size}) × the {choice.num_replicas} replica(s) of strategy "
@@ -81,37 +92,37 @@ def synchronous_global_batch(plan: ShardPlan, choice: strategies.StrategyChoice,
     if plan.total_steps < 1 or plan.steps_per_epoch < 1:
         raise TrainingError(
             f"the shard plan has total_steps {plan.total_steps}, steps_per_epoch {plan.steps_per_epoch}; the train "
-            f"split is smaller than one global batch of {global_batch}: lower train.per_replica_batch_size"
+            f"split is smaller than one global batch of {scaling.global_batch}: lower train.per_replica_batch_size"
         )
-    if plan.per_replica_batch_size != config.train.per_replica_batch_size:
+    if plan.per_replica_batch_size != train.per_replica_batch_size:
         logger.warning("shard plan per_replica_batch_size %d differs from train.per_replica_batch_size %d; "
-                       "using the plan's", plan.per_replica_batch_size, config.train.per_replica_batch_size)
-    return global_batch
+                       "using the plan's", plan.per_replica_batch_size, train.per_replica_batch_size)
+    return scaling
 
 
 def create_training_state(config: PipelineConfig, manifest: Manifest, plan: ShardPlan, run_dir: str,
                           cluster: ClusterInfo, choice: strategies.StrategyChoice,
-                          elastic: ElasticAttempt | None = None) -> TrainingState:
+                          batch: BatchScaling) -> TrainingState:
     """Build the model, optimizer and step under the strategy, and restore them from the run's newest checkpoint.
 
-    An elastic attempt (`elastic`) trains at its own learning rate, whatever rate the checkpoint was saved with.
+    The optimizer trains at the attempt's learning rate (`batch`); an elastic attempt's is kept whatever rate the
+    checkpoint was saved with.
 
     Raises:
         TrainingError: when the restored checkpoint is past the plan's total_steps.
     """
     run_storage = RunStorage(run_dir, cluster, config.storage_options, checkpoint_subdir=CHECKPOINT_DIR,
                              tensorboard_subdir=TENSORBOARD_DIR)
-    lr_replicas = elastic.learning_rate_replicas if elastic is not None else choice.num_replicas
-    model, optimizer, step_var, patience, checkpoint = _create_variables(config, manifest, choice, lr_replicas)
+    model, optimizer, step_var, patience, checkpoint = _create_variables(config, manifest, choice, batch.learning_rate)
     best_metric, best_direction = selection.selection_metric(config)
     store = CheckpointStore(run_storage.local_checkpoint_dir, checkpoint, cluster=cluster,
                             keep=config.train.keep_checkpoints, best_metric=best_metric, best_direction=best_direction)
     restored = _restore(store, checkpoint, model, choice, config, run_storage)
     start_step = int(checkpoint.step.numpy()) if restored is not None else 0
-    if elastic is not None and restored is not None and not config.train.warmup_steps:
+    if config.train.elastic is not None and restored is not None and not config.train.warmup_steps:
         # A constant rate is an optimizer variable, which the restore just set to the rate of the attempt that saved.
         with choice.strategy.scope():
-            optimizer.learning_rate = elastic.learning_rate
+            optimizer.learning_rate = batch.learning_rate
     if start_step > plan.total_steps:
         raise TrainingError(f"the checkpoint in {run_storage.local_checkpoint_dir} is at step {start_step}, past the "
                             f"plan's total_steps ({plan.total_steps}); use a fresh run_dir or raise train.steps")
@@ -147,12 +158,12 @@ def _build_model(config: PipelineConfig, manifest: Manifest) -> keras.Model:
 
 
 def _create_variables(config: PipelineConfig, manifest: Manifest, choice: strategies.StrategyChoice,
-                      lr_replicas: float):
+                      learning_rate: float):
     patience = PatienceState()  # outside the scope: the chief's plain variables, never mirrored nor all-reduced
     with choice.strategy.scope():
         model = _build_model(config, manifest)
-        learning_rate = strategies.create_learning_rate(config.train, lr_replicas)
-        optimizer = _create_optimizer(config, learning_rate, config.train.mixed_precision)
+        rate = strategies.create_learning_rate(learning_rate, config.train.warmup_steps)
+        optimizer = _create_optimizer(config, rate, config.train.mixed_precision)
         # Built now, not on the first apply, so a restore finds every slot variable to fill.
         optimizer.build(model.trainable_variables)
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step",

@@ -1,10 +1,9 @@
-"""tf.distribute strategy selection, logical CPU devices, and learning-rate scaling with warmup."""
+"""tf.distribute strategy selection, logical CPU devices, and the learning-rate warmup."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 
 import keras
 import tensorflow as tf
@@ -12,7 +11,6 @@ import tensorflow as tf
 from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.config import (
     Collective,
-    LrScaling,
     Strategy,
     TrainConfig,
     strategy_for_cluster,
@@ -192,21 +190,6 @@ def _create_tpu_strategy() -> tf.distribute.Strategy:
     return tf.distribute.TPUStrategy(resolver)
 
 
-def scaled_learning_rate(base_lr: float, rule: LrScaling | str, num_replicas: float) -> float:
-    """The learning rate for `num_replicas` replicas: base × n (linear), × √n (sqrt) or unchanged (none).
-
-    An elastic run passes a global batch's worth of configured per-replica batches, which may be fractional.
-    """
-    rule = LrScaling(rule)
-    if num_replicas <= 0:
-        raise ValueError(f"num_replicas ({num_replicas}) must be > 0")
-    if rule == LrScaling.LINEAR:
-        return base_lr * num_replicas
-    if rule == LrScaling.SQRT:
-        return base_lr * math.sqrt(num_replicas)
-    return base_lr
-
-
 @keras.saving.register_keras_serializable(package="tfdag")
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warmup from lr/warmup_steps to lr over `warmup_steps`, then constant."""
@@ -227,10 +210,10 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return {"learning_rate": self.learning_rate, "warmup_steps": self.warmup_steps}
 
 
-def create_learning_rate(train: TrainConfig, num_replicas: float):
-    """The optimizer's learning rate: the scaled rate, behind the warmup schedule when warmup_steps > 0."""
-    rate = scaled_learning_rate(train.base_learning_rate, train.lr_scaling, num_replicas)
-    return WarmupSchedule(rate, train.warmup_steps) if train.warmup_steps else rate
+def create_learning_rate(learning_rate: float, warmup_steps: int):
+    """The optimizer's learning rate: the attempt's scaled rate (`planning.batch.BatchScaling.learning_rate`), behind
+    the warmup schedule when `warmup_steps` (train.warmup_steps) > 0."""
+    return WarmupSchedule(learning_rate, warmup_steps) if warmup_steps else learning_rate
 
 
 def replicas_per_worker(train: TrainConfig) -> int:

@@ -1,5 +1,5 @@
-"""Tests for pipeline_lib.training.controller: executions bounded by log and checkpoint steps, stop requests, a
-tuning trial's prune (and the agreement that carries it)."""
+"""Tests for pipeline_lib.training.controller: executions bounded by log and checkpoint steps, stop requests, the
+points the loop's actions run at, a tuning trial's prune (and the agreement that carries it)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ import tensorflow as tf
 
 from pipeline_lib.checkpoints.records import CheckpointRecord
 from pipeline_lib.config import Direction, TrainConfig
+from pipeline_lib.planning.batch import create_batch_scaling
+from pipeline_lib.training.actions.base import LoopAction
+from pipeline_lib.training.actions.preemption import SaveCheckpointIfPreempted
+from pipeline_lib.training.actions.pruning import PruneTrial
 from pipeline_lib.training.agreement import GroupStop, StopAgreement
 from pipeline_lib.training.controller import LoopController
 from pipeline_lib.training.early_stopping import EarlyStop
@@ -64,14 +68,17 @@ class _Hooks(TrainHooks):
         self.steps.append((step, examples))
 
 
-def _controller(start_step=0, total_steps=25):
+def _controller(start_step=0, total_steps=25, actions=()):
     state = types.SimpleNamespace(
-        start_step=start_step, optimizer=types.SimpleNamespace(learning_rate=0.1), store=_Store(),
+        start_step=start_step, restored=None, optimizer=types.SimpleNamespace(learning_rate=0.1), store=_Store(),
         step_var=types.SimpleNamespace(assign=lambda value: None),
         run_storage=types.SimpleNamespace(is_remote=False, tensorboard_sync=None, local_checkpoint_dir="/run/ckpt"))
     config = TrainConfig(log_every_steps=4, checkpoint_every_steps=10)
     hooks, progress = _Hooks(), _Progress()
-    controller = LoopController(config, total_steps, 64, state, hooks, progress, lambda: {"eval_accuracy": 0.5})
+    attempt = create_batch_scaling(per_replica_batch=64, num_workers=1, replicas_per_worker=1, base_learning_rate=0.1,
+                                   lr_scaling="linear")
+    controller = LoopController(config, total_steps, attempt, state, hooks, progress, lambda: {"eval_accuracy": 0.5},
+                                actions=[SaveCheckpointIfPreempted(), *actions])
     return controller, state, hooks, progress
 
 
@@ -111,6 +118,58 @@ def test_a_resumed_run_does_not_save_its_start_step_again():
     assert state.store.saved == []
 
 
+class _Recorder(LoopAction):
+    """An action that notes each point it is run at and ends executions at step 7."""
+
+    def __init__(self, start_stop=None):
+        self.seen, self.start_stop = [], start_stop
+
+    def on_start(self, step, restored):
+        self.seen.append(("start", step))
+        return self.start_stop
+
+    def next_boundary(self, step):
+        return 7 if step < 7 else None
+
+    def after_execution(self, execution):
+        self.seen.append(("execution", execution.step))
+
+    def after_log(self, step):
+        self.seen.append(("log", step))
+
+    def before_save(self, step):
+        self.seen.append(("save", step))
+
+    def on_evaluation(self, step, metrics):
+        self.seen.append(("evaluation", step))
+
+    def close(self):
+        self.seen.append(("close", None))
+
+
+def test_an_action_runs_at_each_point_and_its_boundary_ends_an_execution():
+    action = _Recorder()
+    controller, state, _, _ = _controller(total_steps=12, actions=[action])
+    ran = []
+    while not controller.is_done:
+        ran.append(controller.steps_to_next(100))
+        controller.after_execution(_outputs(ran[-1]), lambda early: GroupStop())
+    controller.finish()
+    controller.close()
+    assert ran == [4, 3, 1, 2, 2] and state.store.saved == [10, 12]
+    assert action.seen == [("start", 0), ("execution", 4), ("log", 4), ("execution", 7), ("execution", 8),
+                           ("log", 8), ("execution", 10), ("save", 10), ("evaluation", 10), ("execution", 12),
+                           ("log", 12), ("save", 12), ("evaluation", 12), ("close", None)]
+
+
+def test_a_stop_an_action_finds_at_the_start_ends_the_loop_before_any_step():
+    stop = EarlyStop(20, 0.5, "patience ran out at step 20")
+    controller, state, _, _ = _controller(start_step=20, total_steps=50, actions=[_Recorder(start_stop=stop)])
+    assert controller.is_done and controller.early_stop == stop
+    controller.finish()
+    assert state.store.saved == []
+
+
 # --- a tuning trial's pruner (a StopRule) ----------------------------------------------------------------------------
 
 class _PruneAt:
@@ -129,8 +188,8 @@ class _PruneAt:
 
 
 def test_a_prune_ends_training_at_the_agreed_evaluation_like_an_early_stop():
-    controller, state, _, _ = _controller(total_steps=50)
-    rule = controller.stop_rule = _PruneAt(20)
+    rule = _PruneAt(20)
+    controller, state, _, _ = _controller(total_steps=50, actions=[PruneTrial(rule)])
     agree = StopAgreement(types.SimpleNamespace(num_workers=1), TrainHooks())  # one worker: nothing exchanged
     while not controller.is_done:
         controller.after_execution(_outputs(controller.steps_to_next(100)), agree)

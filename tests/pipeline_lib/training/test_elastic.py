@@ -27,17 +27,6 @@ def _train(**train):
     return parse_config({"data": {"source": "unused.csv", "label": "label"}, "train": values}).train
 
 
-@pytest.mark.parametrize(("configured", "replicas", "expected"), [
-    (96, 2, 96),  # splits: kept
-    (75, 2, 74),  # 37.5 per replica: 74 and 76 are as near, the smaller wins
-    (75, 4, 76),  # 72 is 3 away, 76 is 1
-    (21, 2, 20),  # a tie again
-    (5, 8, 8),  # never below one record per replica
-])
-def test_nearest_global_batch(configured, replicas, expected):
-    assert elastic.nearest_global_batch(configured, replicas) == expected
-
-
 @pytest.mark.parametrize(("rule", "factor"), [("linear", 20 / 7), ("sqrt", math.sqrt(20 / 7)), ("none", 1.0)])
 def test_attempt_keeps_the_global_batch_or_takes_the_nearest_and_rescales_the_rate(tiny_manifest, rule, factor):
     train = _train(lr_scaling=rule)

@@ -1,33 +1,18 @@
-"""Tests for pipeline_lib.training.strategy: auto selection, strategies on logical CPUs, LR scaling and warmup."""
+"""Tests for pipeline_lib.training.strategy: auto selection, strategies on logical CPUs, the learning-rate warmup."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from pipeline_lib.cluster.info import ClusterInfo
-from pipeline_lib.config import Collective, LrScaling, Strategy, TrainConfig
+from pipeline_lib.config import Collective, Strategy, TrainConfig
 from pipeline_lib.training import strategy as strategies
 
 TWO_WORKERS = ClusterInfo(task_type="worker", task_index=0, cluster={"worker": ("127.0.0.1:1", "127.0.0.1:2")})
 WITH_PS = ClusterInfo(task_type="chief", task_index=0,
                       cluster={"chief": ("127.0.0.1:1",), "worker": ("127.0.0.1:2",), "ps": ("127.0.0.1:3",)})
-
-
-@pytest.mark.parametrize("rule,replicas,expected", [
-    (LrScaling.LINEAR, 4, 0.004), (LrScaling.SQRT, 4, 0.002), (LrScaling.NONE, 4, 0.001),
-    ("linear", 1, 0.001), ("sqrt", 2, 0.001 * math.sqrt(2)),
-])
-def test_scaled_learning_rate(rule, replicas, expected):
-    assert strategies.scaled_learning_rate(0.001, rule, replicas) == pytest.approx(expected)
-
-
-def test_scaled_learning_rate_rejects_zero_replicas():
-    with pytest.raises(ValueError, match=r"num_replicas \(0\)"):
-        strategies.scaled_learning_rate(0.1, "linear", 0)
 
 
 def test_warmup_is_linear_then_constant():
@@ -37,10 +22,10 @@ def test_warmup_is_linear_then_constant():
     assert strategies.WarmupSchedule.from_config(schedule.get_config()).warmup_steps == 4
 
 
-def test_create_learning_rate_scales_then_warms_up():
-    rate = strategies.create_learning_rate(TrainConfig(base_learning_rate=0.01, warmup_steps=10), num_replicas=2)
+def test_create_learning_rate_warms_up_the_scaled_rate():
+    rate = strategies.create_learning_rate(0.02, warmup_steps=10)
     assert isinstance(rate, strategies.WarmupSchedule) and rate.learning_rate == pytest.approx(0.02)
-    assert strategies.create_learning_rate(TrainConfig(base_learning_rate=0.01, lr_scaling="sqrt"), 4) == 0.02
+    assert strategies.create_learning_rate(0.02, 0) == 0.02
 
 
 @pytest.mark.parametrize("train,cluster,gpus,kind", [
