@@ -3,8 +3,8 @@
 What is timed, and why it is honest:
 
 * An elastic run of 3 local workers (global batch 75) loses worker 2 to SIGKILL after step 50 with only 2 "nodes"
-  left (the local launcher's injected node loss, `TFDAG_TEST_LOCAL_NODES`); it resumes from its step-40 checkpoint
-  on 2 workers (global batch 74) and trains to step 160.
+  left (the local launcher's injected node loss, `pipeline_lib.testing.local_nodes`); it resumes from its step-40
+  checkpoint on 2 workers (global batch 74) and trains to step 160.
 * Seconds lost per resize: from the kill (the fault's marker file, written just before it fires) to the chief's
   first step on 2 workers, and the steps it trains again (those after the last checkpoint) reported beside it.
 * Steps/s after shrinking, against the strongest alternative: a fresh, plain (not elastic) run of 2 workers with
@@ -124,14 +124,16 @@ def _train(config, manifest, run_dir: str, lines: _Lines, env: dict[str, str] | 
 
 def _elastic(directory: str, raw: str, manifest, round_: int, cpu: list[float], lost: list[float],
              first_save: list[float]) -> float:
-    from pipeline_lib.launch.spec import FAULT_ENV, LOCAL_NODES_ENV
+    from pipeline_lib.testing.faults import FAULT_ENV
+    from pipeline_lib.testing.local_nodes import local_nodes
 
     nodes = os.path.join(directory, f"nodes-{round_}")
     with open(nodes, "w") as handle:
         handle.write("2")
     run_dir, lines = os.path.join(directory, f"elastic-{round_}"), _Lines()
-    result = _train(_config(directory, raw, 3, 25, elastic=True), manifest, run_dir, lines,
-                    env={FAULT_ENV: f"kill:worker=2:step={KILL_AFTER}", LOCAL_NODES_ENV: nodes})
+    with local_nodes(nodes):
+        result = _train(_config(directory, raw, 3, 25, elastic=True), manifest, run_dir, lines,
+                        env={FAULT_ENV: f"kill:worker=2:step={KILL_AFTER}"})
     assert [(r.from_workers, r.to_workers) for r in result.resizes] == [(3, 2)] and result.final_step == STEPS
     killed_at = os.path.getmtime(os.path.join(run_dir, ".faults", "kill-worker2"))
     resized_at = next(t for t, line in lines.lines if line.startswith("[supervisor] resize 1:"))
@@ -150,7 +152,7 @@ def _fresh(directory: str, raw: str, manifest, round_: int, cpu: list[float]) ->
 
 
 def _restarted(directory: str, raw: str, manifest, round_: int, cpu: list[float]) -> float:
-    from pipeline_lib.launch.spec import FAULT_ENV
+    from pipeline_lib.testing.faults import FAULT_ENV
 
     lines = _Lines()
     result = _train(_config(directory, raw, 2, 37, elastic=False), manifest,

@@ -119,7 +119,7 @@ def cmd_validate_data(args: argparse.Namespace) -> int:
     from flows.stage_inputs import stage_inputs
     from pipeline_lib.core.exit_codes import EXIT_BAD_INPUT, EXIT_OK
     from pipeline_lib.data.statistics import load_statistics
-    from pipeline_lib.tracking.baseline import check_data
+    from pipeline_lib.tracking.data_check import check_data
 
     inputs = stage_inputs(args.config)
     config, manifest = inputs.config, inputs.manifest

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from pipeline_lib.core.quiet import import_tensorflow
 
@@ -17,34 +15,28 @@ from pipeline_lib.core.quiet import import_tensorflow
 import_tensorflow()
 
 from prefect import flow, get_run_logger, runtime
-from prefect.artifacts import create_markdown_artifact
-from prefect.exceptions import TerminationSignal
 from prefect.states import Completed, State
 from pydantic import BaseModel, ConfigDict
 
 from flows.flow_config import load_flow_config
 from pipeline_lib.cluster.report import ClusterReport
 from pipeline_lib.config import PipelineConfig
-from pipeline_lib.core import events, runs, storage
+from pipeline_lib.core import runs, storage
 from pipeline_lib.data import demo as demo_data
 from pipeline_lib.data.manifest import Manifest
-from pipeline_lib.data.statistics import load_statistics
-from pipeline_lib.evaluation import slicing
-from pipeline_lib.evaluation.metrics import load_model
 from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.launch import launchers
 from pipeline_lib.planning import sharding
-from pipeline_lib.tracking import lineage, reproducibility
-from pipeline_lib.tracking import run as tracking_run
-from pipeline_lib.tracking.baseline import baseline_artifacts
+from pipeline_lib.tracking import lineage
+from pipeline_lib.tracking.artifacts import run_artifacts
 from pipeline_lib.tracking.params import pipeline_params
-from pipeline_lib.tracking.run import RunStatus
+from pipeline_lib.tracking.stage_record import files_digest
 from pipeline_lib.training import strategy
 from pipeline_lib.training.results import TrainResult
 from tasks import stages
+from tasks.lifecycle import RunLifecycle, tracked_run
 from tasks.retrain import evaluate_champion, find_champion
 
-T = TypeVar("T")
 DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "examples" / "digits.yaml")
 # The name of the Completed state of a pipeline run whose model the gate did not bless.
 NOT_BLESSED_STATE = "Not blessed"
@@ -89,28 +81,6 @@ class PipelineSummary(BaseModel):
     baseline_model: str | None = None  # what it predicts: `train mean 152.1`, `majority class 3 ...`
 
 
-class _Progress:
-    """The running stage and the MLflow run, so that a failure can name the one and end the other; each stage's
-    start and end go to the event bus (the `tfdag run` console's checklist)."""
-
-    def __init__(self) -> None:
-        self.stage = "load_config"
-        self.mlflow_run_id: str | None = None
-        self.run_dir: str | None = None
-        self._started: float | None = None
-
-    def __call__(self, stage: str) -> None:
-        self.end()
-        self.stage, self._started = stage, time.monotonic()
-        events.emit(events.StageStarted(stage))
-
-    def end(self, *, failed: bool = False) -> None:
-        """The running stage ended (failed: it raised); the next `__call__` or nothing follows."""
-        if self._started is not None:
-            events.emit(events.StageFinished(self.stage, time.monotonic() - self._started, failed=failed))
-            self._started = None
-
-
 def _versions() -> dict[str, str]:
     out = {}
     for dist in ("tensorflow", "keras", "prefect", "mlflow", "tfdag"):
@@ -130,71 +100,8 @@ def run_pipeline(config: PipelineConfig, *, extra_tags: dict[str, str] | None = 
     bless ends a FINISHED run tagged `tfdag.blessed=false`; it is registered only with `tracking.register: always`,
     and never when it failed the model check before registration (`tfdag.model_validated=false`).
     """
-    return run_tracked(config, lambda progress, logger: _run(config, progress, logger, extra_tags or {}))
-
-
-def run_tracked(config: PipelineConfig, body: Callable[[_Progress, Any], T]) -> T:
-    """Run a flow's `body(progress, logger)` and end the MLflow run it started (`progress.mlflow_run_id`) as
-    `run_pipeline` says: FINISHED, FAILED with the failed stage, or KILLED; a failure also leaves a Prefect
-    artifact naming the stage and the training tasks' logs in MLflow."""
-    progress = _Progress()
-    logger = get_run_logger()
-    try:
-        result = body(progress, logger)
-        progress("finish_tracking_run")
-        end_tracking_run(config, progress.mlflow_run_id, RunStatus.FINISHED)
-        progress.end()
-        return result
-    except (KeyboardInterrupt, TerminationSignal):
-        progress.end(failed=True)
-        logger.error("pipeline %r stopped in stage %s", config.name, progress.stage)
-        keep_task_logs(config, progress)
-        end_tracking_run(config, progress.mlflow_run_id, RunStatus.KILLED, progress.stage)
-        raise
-    except Exception as error:
-        progress.end(failed=True)
-        create_markdown_artifact(
-            f"# Pipeline `{config.name}` failed\n\n**Stage:** `{progress.stage}`\n\n**Error:**\n\n```\n{error}\n```\n",
-            key=stages._key(f"{config.name}-failure"),
-            description=f"failed in stage {progress.stage}",
-        )
-        logger.error("pipeline %r failed in stage %s: %s", config.name, progress.stage, error)
-        keep_task_logs(config, progress)
-        end_tracking_run(config, progress.mlflow_run_id, RunStatus.FAILED, progress.stage)
-        raise
-
-
-def keep_task_logs(config: PipelineConfig, progress: _Progress) -> None:
-    """On a failed or stopped run, the training tasks' logs (`<run_dir>/logs/`) go to MLflow as artifacts `logs/`,
-    so a failed worker's traceback survives its process. Best effort: the error that stopped the run is the one to
-    report."""
-    if progress.mlflow_run_id is None or progress.run_dir is None:
-        return
-    logs = storage.join(progress.run_dir, "logs")
-    try:
-        fs, path = storage.get_fs(logs, config.storage_options)
-        if fs.exists(path):
-            tracking_run.log_artifacts(progress.mlflow_run_id, config.mlflow_uri, {"logs": logs})
-    except Exception as error:  # noqa: BLE001 - see the docstring
-        get_run_logger().warning("task logs not logged to MLflow run %s: %s", progress.mlflow_run_id, error)
-
-
-def end_tracking_run(config: PipelineConfig, run_id: str | None, status: RunStatus,
-                     failed_stage: str | None = None) -> None:
-    """End the MLflow run (when there is one) with `status`.
-
-    A run that ends FAILED or KILLED records `failed_stage`. On those paths an error while ending the run is
-    logged, not raised: the error that stopped the pipeline is the one to report.
-    """
-    if run_id is None:
-        return
-    if status == RunStatus.FINISHED:
-        stages.finish_tracking_run(config, run_id, status)
-        return
-    try:
-        stages.finish_tracking_run(config, run_id, status, failed_stage)
-    except Exception as error:  # noqa: BLE001 - see the docstring
-        get_run_logger().warning("MLflow run %s could not be ended %s: %s", run_id, status.value, error)
+    with tracked_run(config) as lifecycle:
+        return _run(config, lifecycle, get_run_logger(), extra_tags or {})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,9 +121,10 @@ def run_tags(run_name: str, extra_tags: dict[str, str]) -> dict[str, str]:
             **extra_tags}
 
 
-def prepare(config: PipelineConfig, progress: _Progress, run_name: str, tags: dict[str, str]) -> Prepared:
-    """The stages before training: storage check, the MLflow run, conversion, the label's check, data and cluster
+def prepare(config: PipelineConfig, progress: RunLifecycle, run_name: str, tags: dict[str, str]) -> Prepared:
+    """The stages before training: storage check, the tracked run, conversion, the label's check, data and cluster
     validation."""
+    progress.run_name = run_name
     progress("check_storage")
     demo_data.ensure_demo_source(config.data)
     stages.check_storage(config)
@@ -224,10 +132,12 @@ def prepare(config: PipelineConfig, progress: _Progress, run_name: str, tags: di
     if config.tracking.enabled:
         # Started before any data is converted, so that a failure in any later stage ends a FAILED run.
         progress("start_tracking_run")
-        run_id = progress.mlflow_run_id = stages.start_tracking_run(config, run_name, tags)
+        run_id = progress.start_run(run_name, tags).run_id
     launchers.warm_up(config)  # e.g. the local launcher's fork server imports TensorFlow while data converts
     progress("convert_to_tfrecords")
     manifest = stages.convert_to_tfrecords(config)
+    progress.wrote({"dataset": manifest.dataset_uri},
+                   {"manifest_fingerprint": manifest.fingerprint, "manifest_content_hash": manifest.content_hash()})
     progress("check_label")
     stages.check_label(config, manifest)
     if config.validation.enabled:
@@ -238,7 +148,7 @@ def prepare(config: PipelineConfig, progress: _Progress, run_name: str, tags: di
     return Prepared(manifest, cluster_report, run_id)
 
 
-def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[str, str]) -> PipelineSummary:
+def _run(config: PipelineConfig, progress: RunLifecycle, logger, extra_tags: dict[str, str]) -> PipelineSummary:
     run_name = runs.new_run_name(config.name)
     run_dir = progress.run_dir = runs.run_dir_for(config.output_root, run_name)
     tags = run_tags(run_name, extra_tags)
@@ -248,10 +158,11 @@ def _run(config: PipelineConfig, progress: _Progress, logger, extra_tags: dict[s
     plan = stages.plan_shards(config, manifest, strategy.replicas_per_worker(config.train))
     progress("train")
     train_result = stages.train(config, manifest, plan, run_dir, run_id)
+    progress.wrote({"run_dir": run_dir})
     return finish_model(config, progress, prepared, plan, train_result, run_name, run_dir, run_id, tags, logger)
 
 
-def finish_model(config: PipelineConfig, progress: _Progress, prepared: Prepared, plan: sharding.ShardPlan,
+def finish_model(config: PipelineConfig, progress: RunLifecycle, prepared: Prepared, plan: sharding.ShardPlan,
                  train_result: TrainResult, run_name: str, run_dir: str, run_id: str | None, tags: dict[str, str],
                  logger) -> PipelineSummary:
     """The stages after training, for the model `train_result` left in `run_dir`: consolidation, evaluation, the
@@ -259,6 +170,8 @@ def finish_model(config: PipelineConfig, progress: _Progress, prepared: Prepared
     manifest, cluster_report = prepared.manifest, prepared.cluster_report
     progress("consolidate_checkpoints")
     export = stages.consolidate_checkpoints(config, manifest, train_result, storage.join(run_dir, "export"))
+    progress.wrote({"export": export.export_dir}, {"export_files": files_digest(export.files),
+                                                   "checkpoint_step": str(export.checkpoint_step)})
     progress("evaluate")
     report = stages.evaluate(config, manifest, export.keras_path, storage.join(run_dir, "evaluation", "plots"))
     champion = champion_report = None
@@ -271,6 +184,7 @@ def finish_model(config: PipelineConfig, progress: _Progress, prepared: Prepared
     if run_id and config.tracking.registered_model:
         progress("log_model")  # logged, not registered: track registers it if the gate and the check allow
         logged = stages.log_model(config, run_id, export, manifest, report.metrics)
+        progress.wrote({"model": logged.model_uri})
     if config.evaluation.validate_model:
         progress("validate_model")
         validation = stages.validate_model(config, manifest, export, logged, run_id)
@@ -282,34 +196,10 @@ def finish_model(config: PipelineConfig, progress: _Progress, prepared: Prepared
     if run_id:
         progress("track")
         params = pipeline_params(config, train_result, plan, manifest, _versions())
-        record = reproducibility.build_record(config, train_result, plan, manifest, export.checkpoint_step,
-                                              export.selected_by)
-        exported_weights = reproducibility.model_weights(load_model(export.keras_path, config.storage_options))
-        artifacts: dict[str, str | bytes] = {
-            reproducibility.CONFIG_ARTIFACT: config.masked_yaml(),
-            reproducibility.MANIFEST_ARTIFACT: manifest.to_json(),
-            reproducibility.SHARD_PLAN_ARTIFACT: plan.model_dump_json(indent=2),
-            **reproducibility.reproduction_artifacts(record, exported_weights),
-            "data/shard_plan.md": sharding.plan_to_markdown(plan),
-            "cluster/cluster_report.json": cluster_report.to_json(),
-            "cluster/cluster_report.md": cluster_report.to_markdown(),
-            "evaluation/evaluation.json": report.to_json(),
-            "evaluation/evaluation.md": report.to_markdown(),
-            **{f"evaluation/plots/{name}.png": uri for name, uri in report.plots.items()},
-            "tensorboard": train_result.tensorboard_dir,
-            "logs": storage.join(run_dir, "logs"),
-        }
-        if report.slices:
-            artifacts["evaluation/slices.json"] = slicing.slices_to_json(report.slices)
-            artifacts["evaluation/slices.md"] = slicing.slices_to_markdown(report.slices, decision.failing_slices)
-        artifacts.update(_preflight_artifacts(run_dir))
-        if not config.validation.enabled:  # validate_data logs them otherwise; they make this run a baseline
-            statistics = load_statistics(manifest, config.storage_options)
-            if statistics is not None:
-                artifacts.update(baseline_artifacts(manifest.feature_schema, statistics))
-        if train_result.restarts:
-            artifacts["training/restarts.txt"] = "".join(f"{r.describe()}\n" for r in train_result.restarts)
+        artifacts = run_artifacts(config, manifest, plan, train_result, export, report, cluster_report, run_dir)
         version = stages.track(config, run_id, params, artifacts, report, decision, manifest, tags, logged, validation)
+        if version is not None:
+            progress.wrote({"registered_model": version.model_uri})
 
     logger.info(
         "pipeline %r done: %s | blessed: %s | MLflow run %s%s",
@@ -351,16 +241,6 @@ def finish_model(config: PipelineConfig, progress: _Progress, prepared: Prepared
         baseline_metrics=report.baseline,
         baseline_model=report.baseline_model,
     )
-
-
-def _preflight_artifacts(run_dir: str) -> dict[str, str | bytes]:
-    fs, path = storage.get_fs(storage.join(run_dir, "preflight"))
-    found: dict[str, str | bytes] = {}
-    for name in ("report.json", "report.md"):
-        file = storage.join(path, name)
-        if fs.exists(file):
-            found[f"cluster/preflight_{name}"] = fs.cat_file(file)
-    return found
 
 
 def final_state(summary: PipelineSummary) -> PipelineSummary | State:

@@ -17,7 +17,6 @@ from prefect.artifacts import (
     create_markdown_artifact,
     create_table_artifact,
 )
-from prefect.exceptions import TerminationSignal
 from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,7 +24,6 @@ from flows.flow_config import refuse_recorded_secrets
 from flows.pipeline import (
     DEFAULT_CONFIG,
     PipelineSummary,
-    end_tracking_run,
     final_state,
     run_pipeline,
 )
@@ -35,7 +33,7 @@ from pipeline_lib.core.secrets import mask_secrets
 from pipeline_lib.data import demo as demo_data
 from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.tracking import registry
-from pipeline_lib.tracking.run import RunStatus
+from tasks.lifecycle import tracked_run
 from tasks.retrain import (
     find_champion,
     find_last_attempt,
@@ -151,17 +149,17 @@ def retrain(params: RetrainParameters = DEFAULT_PARAMETERS):
         A Completed state whose message says what happened and whose result is the RetrainResult.
     """
     logger = get_run_logger()
-    stage = "load_config"
-    config: PipelineConfig | None = None
-    summary: PipelineSummary | None = None
-    try:
-        config = load_retrain_config(params)
+    # A failure after the training subflow also marks the challenger's run, which the subflow ended FINISHED; a
+    # failure inside the subflow has already ended it with its own stage; before it there is no run.
+    with tracked_run(None, subject="retrain", heading="Retrain", failure_key="retrain-failure", finish_stage=False,
+                     emit_events=False) as lifecycle:
+        lifecycle.config = config = load_retrain_config(params)
         name = config.tracking.registered_model
         assert name is not None
-        stage = "fingerprint_source"
+        lifecycle("fingerprint_source")
         demo_data.ensure_demo_source(config.data)
         fingerprint = fingerprint_source(config)
-        stage = "find_champion"
+        lifecycle("find_champion")
         champion = find_champion(config)
         config_hash = config.config_hash()
         latest, refused_run = find_last_attempt(config, fingerprint, config_hash)
@@ -179,18 +177,19 @@ def retrain(params: RetrainParameters = DEFAULT_PARAMETERS):
 
         train_config = config
         if params.warm_start and champion is not None:
-            stage = "prepare_warm_start"
+            lifecycle("prepare_warm_start")
             uri = prepare_warm_start(config, champion)
             train_config = registry.apply_overrides(config, {"train.warm_start_uri": uri},
                                                     source="the champion's warm start")
-        stage = "training-pipeline"
+        lifecycle("training-pipeline")
         tags = {registry.FINGERPRINT_TAG: fingerprint.sha256, registry.CONFIG_HASH_TAG: config_hash,
                 RETRAIN_RUN_TAG: str(runtime.flow_run.id or "")}
         summary = challenger_pipeline(train_config, tags)
+        lifecycle.adopt_run(summary.mlflow_run_id)
         decision = summary.gate
         challenger = int(summary.model_version) if summary.model_version else None
         if challenger is not None:
-            stage = "record_decision"
+            lifecycle("record_decision")
             record_decision(config, challenger, decision, fingerprint, config_hash)
 
         metric = config.evaluation.gate.metric
@@ -216,24 +215,3 @@ def retrain(params: RetrainParameters = DEFAULT_PARAMETERS):
             champion_metrics=summary.champion_metrics,
         )
         return Completed(message=message, data=result)
-    except (KeyboardInterrupt, TerminationSignal):
-        logger.error("retrain stopped in stage %s", stage)
-        _end_challenger_run(config, summary, RunStatus.KILLED, stage)
-        raise
-    except Exception as error:
-        create_markdown_artifact(
-            f"# Retrain failed\n\n**Stage:** `{stage}`\n\n**Error:**\n\n```\n{error}\n```\n",
-            key="retrain-failure", description=f"failed in stage {stage}")
-        logger.error("retrain failed in stage %s: %s", stage, error)
-        _end_challenger_run(config, summary, RunStatus.FAILED, stage)
-        raise
-
-
-def _end_challenger_run(config: PipelineConfig | None, summary: PipelineSummary | None, status: RunStatus,
-                        stage: str) -> None:
-    """A failure after the training subflow ended the challenger's MLflow run FINISHED marks that run too.
-
-    A failure inside the subflow has already ended the run with its own stage; before it there is no run.
-    """
-    if config is not None and summary is not None:
-        end_tracking_run(config, summary.mlflow_run_id, status, stage)

@@ -11,7 +11,7 @@ from pipeline_lib.core.quiet import import_tensorflow
 
 import_tensorflow()  # before anything else loads it: its start-up lines held back unless TFDAG_VERBOSE=1
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.states import Completed, State
 from pydantic import BaseModel, ConfigDict, computed_field
 
@@ -22,15 +22,15 @@ from flows.pipeline import (
     finish_model,
     prepare,
     run_tags,
-    run_tracked,
 )
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.config.tune_space import tune_of
 from pipeline_lib.tracking import study as study_tracking
-from pipeline_lib.tracking.run import RunStatus
+from pipeline_lib.tracking.tracker import open_tracker
 from pipeline_lib.training import strategy
 from pipeline_lib.tuning.study import study_name
 from tasks import stages
+from tasks.lifecycle import RunLifecycle, tracked_run
 from tasks.tune import run_trials
 
 DEFAULT_TUNE_CONFIG = str(Path(__file__).resolve().parents[1] / "examples" / "digits_tune.yaml")
@@ -70,10 +70,11 @@ class TuneSummary(BaseModel):
 def run_tune(config: PipelineConfig) -> TuneSummary:
     """The body of the tune flow (see the module docstring); the study's MLflow run ends as `run_pipeline`'s does."""
     tune_of(config)  # a config without a tune: section is refused before any stage
-    return run_tracked(config, lambda progress, logger: _tune(config, progress, logger))
+    with tracked_run(config) as lifecycle:
+        return _tune(config, lifecycle, get_run_logger())
 
 
-def _tune(config: PipelineConfig, progress, logger) -> TuneSummary:
+def _tune(config: PipelineConfig, progress: RunLifecycle, logger) -> TuneSummary:
     study = study_name(config)
     # One parent run per study: a rerun after a crash finds the RUNNING one by name and goes on logging to it.
     run_name = f"{config.name}-{study}-study"
@@ -94,24 +95,19 @@ def _tune(config: PipelineConfig, progress, logger) -> TuneSummary:
     progress("plan_shards")
     plan = stages.plan_shards(best_config, prepared.manifest, strategy.replicas_per_worker(best_config.train))
     # The best model's own run, nested under the study's and linked to its trial's run: what the registered version
-    # points at. The study's run stays progress.mlflow_run_id (ended by run_tracked); this one ends here.
-    model_run_id = None
+    # points at. The study's run is the lifecycle's (ended with the flow); this one ends when finish_model does.
+    model_run = None
     model_run_name = f"{config.name}-{study}-best-trial-{best.number}"
     if prepared.run_id:
         progress("start_tracking_run")
+        trial_run_id = open_tracker(config).find_trial_run(prepared.run_id, best.number)
         model_run_id = stages.start_tracking_run(best_config, model_run_name, {
             **tags, "tfdag_run_name": model_run_name, study_tracking.PARENT_TAG: prepared.run_id,
-            study_tracking.TRIAL_TAG: str(best.number),
-            "tfdag.tune.trial_run_id": study_tracking.find_trial_run(config, prepared.run_id, best.number) or ""})
-    status = RunStatus.FAILED
-    try:
+            study_tracking.TRIAL_TAG: str(best.number), "tfdag.tune.trial_run_id": trial_run_id or ""})
+        model_run = open_tracker(best_config).get_run(model_run_id)
+    with progress.nested_run(model_run):
         model = finish_model(best_config, progress, prepared, plan, result.best_result, model_run_name, best.run_dir,
-                             model_run_id, tags, logger)
-        status = RunStatus.FINISHED
-    finally:
-        if model_run_id:
-            stages.finish_tracking_run(best_config, model_run_id, status,
-                                       None if status == RunStatus.FINISHED else progress.stage)
+                             model_run.run_id if model_run else None, tags, logger)
     return TuneSummary(**summary, best_trial=best, model=model)
 
 

@@ -14,6 +14,7 @@ from pipeline_lib.data.sources import source_fingerprint
 from pipeline_lib.evaluation import metrics as evaluation
 from pipeline_lib.evaluation.report import EvalReport, GateDecision
 from pipeline_lib.tracking import registry
+from pipeline_lib.tracking.tracker import VersionInfo, open_tracker
 from tasks.retry import transient_retries
 
 
@@ -28,37 +29,37 @@ def fingerprint_source(config: PipelineConfig) -> SourceFingerprint:
 
 
 @task(name="find_champion", **transient_retries())
-def find_champion(config: PipelineConfig) -> registry.VersionInfo | None:
+def find_champion(config: PipelineConfig) -> VersionInfo | None:
     name = config.tracking.registered_model
     assert name is not None
-    return registry.get_champion(config.mlflow_uri, name)
+    return open_tracker(config).get_champion(name)
 
 
 @task(name="find_last_attempt", **transient_retries())
 def find_last_attempt(config: PipelineConfig, fingerprint: SourceFingerprint,
-                      config_hash: str) -> tuple[registry.VersionInfo | None, str | None]:
+                      config_hash: str) -> tuple[VersionInfo | None, str | None]:
     """The newest registered version, and the newest run on this data and config that was not blessed."""
     name = config.tracking.registered_model
     assert name is not None
-    return (registry.latest_version(config.mlflow_uri, name),
-            registry.last_refused_run(config.mlflow_uri, config.tracking.experiment, fingerprint, config_hash))
+    tracker = open_tracker(config)
+    return tracker.latest_version(name), tracker.last_refused_run(fingerprint, config_hash)
 
 
 @task(name="prepare_warm_start", **transient_retries())
-def prepare_warm_start(config: PipelineConfig, champion: registry.VersionInfo) -> str:
+def prepare_warm_start(config: PipelineConfig, champion: VersionInfo) -> str:
     target = storage.join(config.output_root, "warm_start", f"{champion.name}-v{champion.version}")
     with tempfile.TemporaryDirectory(prefix="tfdag-champion-") as tmp:
-        keras_path = registry.download_keras_model(config.mlflow_uri, champion.name, champion.version, tmp)
+        keras_path = open_tracker(config).download_keras_model(champion.name, champion.version, tmp)
         prefix = registry.write_warm_start_checkpoint(keras_path, target, config.storage_options)
     get_run_logger().info("warm start from %s version %d: %s", champion.name, champion.version, prefix)
     return prefix
 
 
 @task(name="evaluate_champion", **transient_retries(1))
-def evaluate_champion(config: PipelineConfig, manifest: Manifest, champion: registry.VersionInfo) -> EvalReport:
+def evaluate_champion(config: PipelineConfig, manifest: Manifest, champion: VersionInfo) -> EvalReport:
     """The champion on the challenger's eval split: the same manifest, the same evaluation function."""
     with tempfile.TemporaryDirectory(prefix="tfdag-champion-") as tmp:
-        keras_path = registry.download_keras_model(config.mlflow_uri, champion.name, champion.version, tmp)
+        keras_path = open_tracker(config).download_keras_model(champion.name, champion.version, tmp)
         report = evaluation.evaluate(config, manifest, keras_path)
     get_run_logger().info("champion %s v%d on the new eval split: %s", champion.name, champion.version,
                           ", ".join(f"{k}={v:.4f}" for k, v in report.metrics.items()))
@@ -67,8 +68,8 @@ def evaluate_champion(config: PipelineConfig, manifest: Manifest, champion: regi
 
 @task(name="record_decision", **transient_retries())
 def record_decision(config: PipelineConfig, challenger_version: int, decision: GateDecision,
-                    fingerprint: SourceFingerprint, config_hash: str) -> registry.VersionInfo:
+                    fingerprint: SourceFingerprint, config_hash: str) -> VersionInfo:
     name = config.tracking.registered_model
     assert name is not None
-    return registry.record_decision(config.mlflow_uri, name, challenger_version, decision,
-                                    fingerprint=fingerprint, config_hash=config_hash)
+    return open_tracker(config).record_decision(name, challenger_version, decision, fingerprint=fingerprint,
+                                                config_hash=config_hash)

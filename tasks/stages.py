@@ -34,9 +34,16 @@ from pipeline_lib.launch import launchers as launcher
 from pipeline_lib.planning import sharding
 from pipeline_lib.serving import rows
 from pipeline_lib.serving import validation as model_check
-from pipeline_lib.tracking import baseline as data_baseline
-from pipeline_lib.tracking import lineage, model_logging, registry
-from pipeline_lib.tracking import run as tracking
+from pipeline_lib.tracking import data_check
+from pipeline_lib.tracking.registration import why_not_registered
+from pipeline_lib.tracking.tracker import (
+    BASELINE_METRIC_PREFIX,
+    FINAL_METRIC_PREFIX,
+    LoggedModel,
+    ModelVersionInfo,
+    RunStatus,
+    open_tracker,
+)
 from pipeline_lib.training.results import ResizeRecord, TrainResult
 from tasks.progress import ConversionReporter, TrainingReporter
 from tasks.progress import artifact_key as _key
@@ -90,17 +97,17 @@ def validate_data(config: PipelineConfig, manifest: Manifest, run_id: str | None
         for split in statistics.splits:
             create_table_artifact(statistics_report.table_rows(statistics, split),
                                   key=_key(f"{config.name}-statistics-{split}"), description=f"Statistics: {split}")
-        files.update(data_baseline.baseline_artifacts(manifest.feature_schema, statistics))
+        files.update(data_check.baseline_artifacts(manifest.feature_schema, statistics))
         files["data/statistics.md"] = markdown
         files.update(statistics_report.histogram_artifacts(statistics))
-    report = data_baseline.check_data(config, manifest.feature_schema, statistics, exclude_run_id=run_id)
+    report = data_check.check_data(config, manifest.feature_schema, statistics, exclude_run_id=run_id)
     create_markdown_artifact(report.to_markdown(), key=_key(f"{config.name}-data-validation"),
                              description=f"Data validation: {len(report.blocking)} blocking anomalies")
     if report.anomalies:
         files["data/anomalies.json"] = report.model_dump_json(indent=2)
         files["data/anomalies.md"] = report.to_markdown()
     if run_id and files:
-        tracking.log_artifacts(run_id, config.mlflow_uri, files)
+        open_tracker(config).get_run(run_id).log_artifacts(files)
     for anomaly in report.anomalies:
         (logger.info if anomaly.allowed else logger.error)("data anomaly: %s", anomaly.describe())
     logger.info("data validation against %s: %d anomalies, %d blocking", report.baseline, len(report.anomalies),
@@ -130,7 +137,8 @@ def validate_cluster(config: PipelineConfig) -> ClusterReport:
 
 @task(name="start_tracking_run", **transient_retries())
 def start_tracking_run(config: PipelineConfig, run_name: str, tags: dict[str, str]) -> str:
-    run_id = tracking.start_run(config, run_name, tags=tags)
+    """The run's tracked run (`Tracker.start_run`): its id."""
+    run_id = open_tracker(config).start_run(run_name, tags=tags).run_id
     get_run_logger().info("MLflow run %s in experiment %r at %s", run_id, config.tracking.experiment,
                           config.mlflow_uri_shown)
     return run_id
@@ -141,24 +149,24 @@ def train(config: PipelineConfig, manifest: Manifest, plan: sharding.ShardPlan, 
           mlflow_run_id: str | None) -> TrainResult:
     """No Prefect retry and no Prefect timeout: the supervisor owns restarts and timeouts of its processes."""
     logger = get_run_logger()
+    tracked = open_tracker(config).get_run(mlflow_run_id) if mlflow_run_id else None
 
     def on_restart(attempt: int, story: str) -> None:
         # Told once the restarted group has restored: the cause and the step it resumed from.
         logger.warning("restart %d of %d: %s", attempt, config.train.max_restarts, story)
         events.emit(events.Restart(attempt, config.train.max_restarts, story))
-        if mlflow_run_id:
-            tracking.record_restart(mlflow_run_id, config.mlflow_uri, attempt, story)
+        if tracked:
+            tracked.record_restart(attempt, story)
 
     def on_resize(resize: ResizeRecord) -> None:
         # An elastic run's resize, told once the resized group has restored.
         logger.warning("%s", resize.describe())
         events.emit(events.Resize(resize.describe()))
-        if mlflow_run_id:
-            tracking.record_resize(mlflow_run_id, config.mlflow_uri, resize.number, resize.story, resize.to_workers,
-                                   resize.step or 0)
+        if tracked:
+            tracked.record_resize(resize.number, resize.story, resize.to_workers, resize.step or 0)
 
-    if mlflow_run_id and config.train.elastic is not None:
-        tracking.record_workers(mlflow_run_id, config.mlflow_uri, config.train.workers, 0)
+    if tracked and config.train.elastic is not None:
+        tracked.record_workers(config.train.workers, 0)
     reporter = TrainingReporter(config.name, plan.total_steps)
     try:
         result = launcher.launch_training(config, manifest, plan, run_dir, options=launcher.LaunchOptions(
@@ -211,19 +219,19 @@ def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, plots_
 
 @task(name="log_model", **transient_retries())
 def log_model(config: PipelineConfig, run_id: str, export: consolidation.ExportResult, manifest: Manifest,
-              metrics: dict[str, float]) -> model_logging.LoggedModel:
+              metrics: dict[str, float]) -> LoggedModel:
     """The export logged to the run as an MLflow model (not registered: `track` registers it if it may), with the
     evaluation's metrics linked to it."""
-    logged = model_logging.log_model(run_id, config.mlflow_uri, export.saved_model_dir, export.keras_path, manifest,
-                                     storage_options=config.storage_options, metrics=metrics,
-                                     metric_prefix=tracking.FINAL_METRIC_PREFIX)
+    logged = open_tracker(config).get_run(run_id).log_model(
+        export.saved_model_dir, export.keras_path, manifest, storage_options=config.storage_options, metrics=metrics,
+        metric_prefix=FINAL_METRIC_PREFIX)
     get_run_logger().info("model logged to MLflow run %s as %s", run_id, logged.model_uri)
     return logged
 
 
 @task(name="validate_model", **transient_retries())
 def validate_model(config: PipelineConfig, manifest: Manifest, export: consolidation.ExportResult,
-                   logged: model_logging.LoggedModel | None, run_id: str | None) -> model_check.ModelValidation:
+                   logged: LoggedModel | None, run_id: str | None) -> model_check.ModelValidation:
     """The model check before registration (`serving.validation`); its result on the run (`tfdag.model_validated`)
     and as the artifact `<pipeline>-model-validation`. A failed check is a result, not an error: only a storage or
     server outage while reading the rows or the export is retried."""
@@ -237,7 +245,7 @@ def validate_model(config: PipelineConfig, manifest: Manifest, export: consolida
     logger = get_run_logger()
     (logger.info if result.passed else logger.warning)("model check: %s", result.reason)
     if run_id:
-        tracking.record_model_validation(run_id, config.mlflow_uri, result)
+        open_tracker(config).get_run(run_id).record_model_validation(result)
     verdict = "passed" if result.passed else "failed"
     create_markdown_artifact(result.to_markdown(), key=_key(f"{config.name}-model-validation"),
                              description=f"Model check before registration: {verdict}")
@@ -265,41 +273,42 @@ def gate(config: PipelineConfig, report: EvalReport, champion_report: EvalReport
 @task(name="track", **transient_retries())
 def track(config: PipelineConfig, run_id: str, params: dict[str, Any], artifacts: dict[str, str | bytes],
           eval_report: EvalReport, decision: GateDecision, manifest: Manifest, tags: dict[str, str],
-          logged: model_logging.LoggedModel | None = None,
-          validation: model_check.ModelValidation | None = None) -> model_logging.ModelVersionInfo | None:
+          logged: LoggedModel | None = None,
+          validation: model_check.ModelValidation | None = None) -> ModelVersionInfo | None:
     """Params, metrics, artifacts and the blessing on the run; the logged model is registered only as
-    `tracking.register` says, and never after a failed model check (`registry.registers`)."""
-    uri = config.mlflow_uri
+    `tracking.register` says, and never after a failed model check (`registration.why_not_registered`)."""
+    tracker = open_tracker(config)
+    run = tracker.get_run(run_id)
     logger = get_run_logger()
-    tracking.log_params(run_id, uri, params)
-    tracking.log_slice_metrics(run_id, uri, eval_report.slices)
-    tracking.log_final_metrics(run_id, uri, eval_report.baseline, prefix=tracking.BASELINE_METRIC_PREFIX)
-    lineage.log_datasets(run_id, uri, manifest, config.name)
-    tracking.log_artifacts(run_id, uri, artifacts)
-    tracking.record_blessing(run_id, uri, decision)
+    run.log_params(params)
+    run.log_slice_metrics(eval_report.slices)
+    run.log_metrics(eval_report.baseline, prefix=BASELINE_METRIC_PREFIX)
+    run.log_datasets(manifest, config.name)
+    run.log_artifacts(artifacts)
+    run.record_blessing(decision)
     version = None
     name = config.tracking.registered_model
+    refused = why_not_registered(config.tracking.register_policy, decision, validation)
     if logged is None:  # no model logged: the final metrics go to the run alone
-        tracking.log_final_metrics(run_id, uri, eval_report.metrics)
-    elif not registry.registers(config.tracking.register_policy, decision, validation):
-        why = "the model check failed" if validation is not None and not validation.passed else "not blessed"
-        logger.info("model logged to MLflow run %s, not registered as %s: %s", run_id, name, why)
+        run.log_metrics(eval_report.metrics)
+    elif refused is not None:
+        logger.info("model logged to MLflow run %s, not registered as %s: %s", run_id, name, refused)
     else:
         assert name is not None  # a model is logged only for a registered_model
-        version = model_logging.register_model(uri, logged, name, tags=tags)
-        registry.record_decision(uri, name, version.version, decision, alias=None)
+        version = tracker.register_model(logged, name, tags=tags)
+        tracker.record_decision(name, version.version, decision, alias=None)
         logger.info("registered %s version %s (blessed=%s)", version.name, version.version,
                     str(decision.blessed).lower())
-    ui = tracking.run_ui_url(uri, run_id)
+    ui = run.ui_url()
     if ui:
         create_link_artifact(ui, link_text="MLflow run", key=_key(f"{config.name}-mlflow-run"))
     return version
 
 
 @task(name="finish_tracking_run", **transient_retries())
-def finish_tracking_run(config: PipelineConfig, run_id: str, status: tracking.RunStatus,
+def finish_tracking_run(config: PipelineConfig, run_id: str, status: RunStatus,
                         failed_stage: str | None = None) -> None:
-    """End the MLflow run FINISHED, FAILED or KILLED; a failed run names the stage that raised."""
-    tracking.finish_run(run_id, config.mlflow_uri, status, failed_stage=failed_stage)
-    get_run_logger().info("MLflow run %s ended %s%s", run_id, tracking.RunStatus(status).value,
+    """End the tracked run FINISHED, FAILED or KILLED; a failed run names the stage that raised."""
+    open_tracker(config).get_run(run_id).end(status, failed_stage=failed_stage)
+    get_run_logger().info("MLflow run %s ended %s%s", run_id, RunStatus(status).value,
                           f" in stage {failed_stage}" if failed_stage else "")

@@ -14,7 +14,7 @@ from pipeline_lib.config.tune_space import value_at
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.launch import launchers as launcher
 from pipeline_lib.planning import sharding
-from pipeline_lib.tracking import study as study_tracking
+from pipeline_lib.tracking.tracker import open_tracker
 from pipeline_lib.training import strategy
 from pipeline_lib.training.results import TrainResult
 from pipeline_lib.tuning import runner
@@ -32,7 +32,7 @@ def trials_artifact_key(config: PipelineConfig) -> str:
 def run_trials(config: PipelineConfig, manifest: Manifest, parent_run_id: str | None) -> runner.StudyResult:
     """Run the study to its budget (`runner.run_study`). Each trial trains with the config's launcher (the same
     supervisor, watchdog and restarts as `tfdag run`) into an MLflow run nested under `parent_run_id`; the parent
-    run gets the study's summary (`tracking.study.log_study`) at the end."""
+    run gets the study's summary (`Tracker.log_study`) at the end."""
     logger = get_run_logger()
     assert config.tune is not None
     study = study_name(config)
@@ -46,7 +46,7 @@ def run_trials(config: PipelineConfig, manifest: Manifest, parent_run_id: str | 
         run_id = None
         if parent_run_id:
             params = {path: value_at(trial_config, path) for path in config.tune.space}
-            run_id = study_tracking.start_trial_run(trial_config, parent_run_id, study, number, params)
+            run_id = open_tracker(trial_config).start_trial_run(parent_run_id, study, number, params).run_id
             with lock:
                 trial_runs[number] = run_id
         plan = sharding.plan_for_train(manifest, trial_config.train, strategy.replicas_per_worker(trial_config.train))
@@ -61,9 +61,8 @@ def run_trials(config: PipelineConfig, manifest: Manifest, parent_run_id: str | 
         with lock:
             run_id = trial_runs.pop(outcome.number, None)
         if run_id is not None:
-            study_tracking.end_trial_run(config, run_id, state=outcome.state.value, value=outcome.value, metric=metric,
-                                         final_step=outcome.final_step,
-                                         failed=outcome.state == runner.TrialStatus.FAILED)
+            tracker.end_trial_run(run_id, state=outcome.state.value, value=outcome.value, metric=metric,
+                                  final_step=outcome.final_step, failed=outcome.state == runner.TrialStatus.FAILED)
         rows.append(trial_row(outcome))
         create_table_artifact(sorted(rows, key=lambda r: r["trial"]), key=trials_artifact_key(config),
                               description=f"Study {study}: trials finished by this run")
@@ -71,15 +70,15 @@ def run_trials(config: PipelineConfig, manifest: Manifest, parent_run_id: str | 
         progress.update(100.0 * done / max(config.tune.trials, 1),
                         f"tuning: {done} trial(s) finished in this run, {config.tune.trials} in the study's budget")
 
+    tracker = open_tracker(config)
     if parent_run_id:
-        for run_id in study_tracking.end_stale_trial_runs(config, parent_run_id):
+        for run_id in tracker.end_stale_trial_runs(parent_run_id):
             logger.warning("MLflow run %s of a trial an earlier run of the study left running: ended KILLED", run_id)
     result = runner.run_study(config, manifest, launch=launch, on_trial_finished=finished)
     progress.update(100.0, f"tuning: done: {', '.join(f'{v} {k}' for k, v in result.counts.items())}")
     if parent_run_id:
-        study_tracking.log_study(config, parent_run_id, open_study(config),
-                                 {path: d.model_dump(mode="json", by_alias=True) for path, d in config.tune.space.items()},
-                                 metric, result.best_params)
+        space = {path: d.model_dump(mode="json", by_alias=True) for path, d in config.tune.space.items()}
+        tracker.log_study(parent_run_id, open_study(config), space, metric, result.best_params)
     best = (f"best trial {result.best_number}: {metric}={result.best_value:.4g}" if result.best_number is not None
             else "no trial completed")
     logger.info("study %s: %s | %s", study, ", ".join(f"{v} {k}" for k, v in result.counts.items()), best)

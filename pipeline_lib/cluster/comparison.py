@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import json
 
-from pipeline_lib.cluster.fingerprint import OVERRIDE_ENV, Fingerprint
+from pipeline_lib.cluster.fingerprint import Fingerprint
 from pipeline_lib.cluster.preflight_report import (
     cell,
     compared_fields,
@@ -56,7 +56,7 @@ def describe_mismatch(fingerprints: list[Fingerprint], reporter: str) -> str | N
 
 
 def soft_warnings(fingerprints: list[Fingerprint]) -> list[str]:
-    """Differences that do not stop the run: GPUs, the TF build, test overrides."""
+    """Differences that do not stop the run: GPUs and the TF build."""
     warnings = []
     trainers = [f for f in fingerprints if f.task_type in ("chief", "worker")]
     gpu_sets = {f.task: gpu_words(f.gpus) for f in trainers}
@@ -69,7 +69,4 @@ def soft_warnings(fingerprints: list[Fingerprint]) -> list[str]:
         if len(set(values.values())) > 1:
             warnings.append(f"TensorFlow's {key} differs: " + ", ".join(f"{t} {v!r}" for t, v in values.items()) +
                             "; install the same TensorFlow wheel on every node")
-    for f in fingerprints:
-        if f.overrides:
-            warnings.append(f"{f.task} reports a test override ({OVERRIDE_ENV}) of {', '.join(f.overrides)}")
     return warnings

@@ -21,8 +21,6 @@ from pipeline_lib.cluster.probe import (
 )
 
 COMPARED_VERSIONS = ("python", "tensorflow", "keras", "protobuf", "numpy", "tfdag")
-# Test support: fakes a skewed node; pipeline_lib.testing.preflight_override describes it.
-OVERRIDE_ENV = "TFDAG_PREFLIGHT_OVERRIDE"
 
 
 class Fingerprint(BaseModel):
@@ -43,7 +41,6 @@ class Fingerprint(BaseModel):
     config_hash: str
     data_hash: str
     tf_config: str
-    overrides: tuple[str, ...] = ()  # fields replaced through TFDAG_PREFLIGHT_OVERRIDE
 
     @property
     def task(self) -> str:
@@ -62,7 +59,7 @@ class Fingerprint(BaseModel):
 
 def collect_fingerprint(cluster: ClusterInfo, config_hash: str, data_hash: str,
                         environ: Mapping[str, str] | None = None) -> Fingerprint:
-    """This process's fingerprint, as found (the preflight applies a test's `TFDAG_PREFLIGHT_OVERRIDE` to it).
+    """This process's fingerprint, as found.
 
     Args:
         cluster: this task's cluster value.

@@ -19,23 +19,20 @@ its strategy. The protocol, all through fsspec under `<run_dir>/preflight/`:
 
 The preflight directory must be fresh for each attempt (the launcher removes it before a restart).
 
-Tests can fake a skewed node with `TFDAG_PREFLIGHT_OVERRIDE` (see `pipeline_lib.testing.preflight_override`).
+A caller may change this task's fingerprint before it is written (`fingerprint_fn`): how tests fake a skewed node
+(`pipeline_lib.testing.preflight_override`, installed by the worker entry).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
+from collections.abc import Callable
 
 from pipeline_lib.cluster.address import split_address
 from pipeline_lib.cluster.board import Board, claim, read_fingerprint, wait_for
 from pipeline_lib.cluster.comparison import describe_mismatch, soft_warnings
-from pipeline_lib.cluster.fingerprint import (
-    OVERRIDE_ENV,
-    Fingerprint,
-    collect_fingerprint,
-)
+from pipeline_lib.cluster.fingerprint import Fingerprint, collect_fingerprint
 from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.cluster.preflight_report import PreflightError, PreflightReport
 from pipeline_lib.cluster.reachability import Listener, check_peers
@@ -54,7 +51,8 @@ def _participants(cluster: ClusterInfo) -> dict[str, str]:
 
 
 def run_preflight(run_dir: str, cluster: ClusterInfo, config_hash: str, data_hash: str, timeout_s: float,
-                  storage_options: dict | None = None) -> PreflightReport:
+                  storage_options: dict | None = None,
+                  fingerprint_fn: Callable[[Fingerprint], Fingerprint] | None = None) -> PreflightReport:
     """Run this task's part of the cross-worker preflight (see the module docstring for the protocol).
 
     Call it in every task (chief, workers, ps) before building the strategy, with the same run_dir.
@@ -66,6 +64,7 @@ def run_preflight(run_dir: str, cluster: ClusterInfo, config_hash: str, data_has
         data_hash: `Manifest.content_hash()`; every task must have the same.
         timeout_s: the bound on the whole preflight (`preflight.timeout_s`).
         storage_options: fsspec options for run_dir.
+        fingerprint_fn: applied to this task's fingerprint before it is written (None: the fingerprint as found).
 
     Returns:
         The PreflightReport; the chief also writes it to `<run_dir>/preflight/report.{json,md}`.
@@ -77,11 +76,8 @@ def run_preflight(run_dir: str, cluster: ClusterInfo, config_hash: str, data_has
     deadline = time.monotonic() + timeout_s
     board = Board(run_dir, storage_options)
     me = collect_fingerprint(cluster, config_hash, data_hash)
-    if os.environ.get(OVERRIDE_ENV, "").strip():
-        # Test support (a faked skewed node), imported only when its variable is set.
-        from pipeline_lib.testing.preflight_override import apply_override
-
-        me = apply_override(me, os.environ)
+    if fingerprint_fn is not None:
+        me = fingerprint_fn(me)
     participants = _participants(cluster)
     if me.task not in participants:
         # Single process (no TF_CONFIG) or an evaluator: nobody waits on it, it listens on nothing.

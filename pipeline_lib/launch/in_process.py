@@ -10,7 +10,7 @@ What a thread cannot give, and `train.isolation: process` (the default) does:
   (the SIGTERM path: a checkpoint, then the preemption exit). A loop that does not come back is left running
   and the launch fails with `WorkerFailed` instead of starting a second training beside it;
 - crash isolation: a segfault in TensorFlow ends the task's process, the flow with it;
-- SIGTERM and fault injection (`TFDAG_FAULT`), which act on processes.
+- SIGTERM and test fault injection (`pipeline_lib.testing`), which act on processes.
 """
 
 from __future__ import annotations

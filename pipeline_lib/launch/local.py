@@ -56,7 +56,6 @@ from pipeline_lib.launch.processes import (
 )
 from pipeline_lib.launch.protocol import DEFAULT_OPTIONS, LaunchOptions
 from pipeline_lib.launch.spec import (
-    LOCAL_NODES_ENV,
     USER_ERROR_EXIT_CODE,
     WorkerSpec,
     write_spec,
@@ -118,29 +117,6 @@ def plan_attempt(spec: WorkerSpec, config: PipelineConfig, workers: int | None =
     return plan_tasks(config, workers=workers)
 
 
-def local_capacity(config: PipelineConfig, env: Mapping[str, str], wait_s: float) -> int:
-    """This machine places every worker: train.workers. Tests inject a node loss (`LOCAL_NODES_ENV` names a file
-    holding how many local "nodes" are up), and its end, by rewriting that file; waits up to `wait_s` for all."""
-    path = env.get(LOCAL_NODES_ENV) or os.environ.get(LOCAL_NODES_ENV)
-    wanted = config.train.workers
-    deadline = time.monotonic() + wait_s
-    while True:
-        up = _nodes_up(path, wanted)
-        if up >= wanted or time.monotonic() >= deadline:
-            return max(0, min(up, wanted))
-        time.sleep(0.2)
-
-
-def _nodes_up(path: str | None, wanted: int) -> int:
-    if not path:
-        return wanted
-    try:
-        with open(path) as handle:
-            return int(handle.read().strip())
-    except (OSError, ValueError):
-        return wanted
-
-
 class LocalGroup:
     """The local launcher's `TaskGroup`: each task a worker process on this machine, heartbeats in a local dir."""
 
@@ -155,7 +131,9 @@ class LocalGroup:
         return plan_attempt(self.spec, self.config, workers)
 
     def capacity(self, wait_s: float) -> int:
-        return local_capacity(self.config, self.extra_env, wait_s)
+        """This machine places every worker: train.workers, at once (tests fake a node loss by replacing this:
+        `pipeline_lib.testing.local_nodes`)."""
+        return self.config.train.workers
 
     def start(self, task: TaskSpec, log_fn: Callable[[str], None], log_lock: threading.Lock) -> TaskProcess:
         return start_worker(task, self.spec_path, self.extra_env, log_fn, log_lock,
@@ -210,7 +188,7 @@ def launch(
         timeout_s: the overall limit, restarts included; default `train.timeout_s` (None: no limit).
         on_restart: called as `on_restart(n, story)` for restart n (1-based) once the restarted group has
             restored (or failed before it did); the story is the cause and the step it resumed from.
-        env: extra environment variables for the workers (e.g. TFDAG_FAULT in tests); for the default group.
+        env: extra environment variables for the workers (e.g. a test's faults); for the default group.
         group: the task group; default `LocalGroup(spec, config, env)`.
         on_progress: called with the chief's progress (step of total, loss, examples/s) every few seconds.
         on_resize: an elastic run (`train.elastic`): called with each resize once the resized group restored.

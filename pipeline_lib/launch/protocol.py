@@ -27,7 +27,7 @@ class LaunchOptions:
         mlflow_run_id: the MLflow run the chief logs to (None: no tracking).
         log_fn: receives every output line of every task, prefixed `[worker 1] `, one line at a time.
         on_restart: called as `on_restart(n, story)` once restart n (1-based) resumed: its cause and step.
-        env: extra environment variables for the workers (e.g. TFDAG_FAULT in tests).
+        env: extra environment variables for the workers (e.g. a test's faults).
         on_progress: called with the chief's progress (step of total, loss, examples/s) every few seconds.
         on_resize: an elastic run's resize (`ResizeRecord`: from, to, step, reason), once the resized group restored.
     """

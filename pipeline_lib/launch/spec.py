@@ -25,15 +25,6 @@ USER_ERROR_PREFIX = "tfdag user error: "
 RESULT_NAME = "result.json"
 # The launcher's pid: a worker asks Linux to kill it when that process dies.
 PARENT_PID_ENV = "TFDAG_PARENT_PID"
-# Test-only: the faults pipeline_lib.testing.faults injects; production code loads test support only when set.
-FAULT_ENV = "TFDAG_FAULT"
-# Test-only: a directory where each worker records the example ids it feeds (pipeline_lib.testing.example_ids).
-EXAMPLE_IDS_ENV = "TFDAG_TEST_EXAMPLE_IDS"
-# Test-only: a file holding how many local "nodes" are up, read by the local launcher's capacity (an injected node
-# loss for an elastic run: pipeline_lib.launch.local.local_capacity).
-LOCAL_NODES_ENV = "TFDAG_TEST_LOCAL_NODES"
-# Test-only: the fault point after the final checkpoint is saved and before the chief writes its result.
-RESULT_FAULT_POINT = "result"
 
 
 class WorkerSpec(BaseModel):

@@ -4,8 +4,12 @@ A worker reads TF_CONFIG from the environment and a `WorkerSpec` JSON from a pat
 the CPU into logical devices before TensorFlow starts, runs the cross-worker preflight when the config enables
 it, then either trains (the chief and the workers of a synchronous strategy, the chief/coordinator
 under parameter_server) or serves (ps and worker tasks under parameter_server). It is the composition root of
-a training process: it wires the metrics sink, heartbeats, SIGTERM handling, a tuning trial's pruner (its chief) and
-(in tests only) fault injection into the training loop.
+a training process: it wires the metrics sink, heartbeats, SIGTERM handling and a tuning trial's pruner (its chief)
+into the training loop.
+
+Test support enters here and nowhere else: when a test sets one of `TEST_SUPPORT_VARIABLES`, `worker_main` loads
+`pipeline_lib.testing.worker_support`, which adds its faults, example-id records and faked preflight skew through
+the public `WorkerAdditions` (more `TrainHooks`, a before-result callback, a preflight fingerprint transform).
 
 Exit codes:
     0: training finished (the chief wrote `<run_dir>/result.json`).
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import gc
 import logging
 import os
@@ -27,12 +32,12 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 from pipeline_lib.core.quiet import import_tensorflow
 
 import_tensorflow()  # first, its start-up lines held back unless TFDAG_VERBOSE=1
 
+from pipeline_lib.cluster.fingerprint import Fingerprint
 from pipeline_lib.cluster.info import ClusterInfo, cluster_from_env
 from pipeline_lib.cluster.preflight import run_preflight
 from pipeline_lib.config import PipelineConfig
@@ -43,17 +48,14 @@ from pipeline_lib.data.manifest import Manifest, load_manifest
 from pipeline_lib.launch.heartbeat import EvalOnHeartbeat, Heartbeat
 from pipeline_lib.launch.prometheus import TaskMetrics
 from pipeline_lib.launch.spec import (
-    EXAMPLE_IDS_ENV,
-    FAULT_ENV,
     PARENT_PID_ENV,
     PREEMPTION_EXIT_CODE,
-    RESULT_FAULT_POINT,
     RESULT_NAME,
     USER_ERROR_PREFIX,
     WorkerSpec,
     load_spec,
 )
-from pipeline_lib.tracking.sinks import create_sink, system_metrics
+from pipeline_lib.tracking.tracker import open_tracker
 from pipeline_lib.training import loop as training
 from pipeline_lib.training import strategy as strategies
 from pipeline_lib.training.early_stopping import StopRule
@@ -65,33 +67,45 @@ from pipeline_lib.training.results import TrainResult
 logger = logging.getLogger(__name__)
 
 
-class FaultHooks(Protocol):
-    """What the test-only fault injector (`pipeline_lib.testing.faults.FaultInjector`) is called with."""
-
-    def on_step_end(self, step: int) -> None: ...
-
-    def on_phase(self, phase: str, step: int) -> None: ...
+# The variables that ask the worker entry for test support (`pipeline_lib.testing.worker_support` reads them and
+# says what each does). This entry is the one production module that names them: with none set, a worker never
+# imports pipeline_lib.testing.
+TEST_SUPPORT_VARIABLES = ("TFDAG_FAULT", "TFDAG_TEST_EXAMPLE_IDS", "TFDAG_PREFLIGHT_OVERRIDE")
 
 
-class InputHooks(Protocol):
-    """What the test-only example-id recorder (`pipeline_lib.testing.example_ids.ExampleIdRecorder`) provides."""
+@dataclasses.dataclass(frozen=True)
+class WorkerAdditions:
+    """What a worker's caller adds to one training task beyond its config and spec.
 
-    def input_batches(self, batches, input_pipeline_id: int, start_step: int): ...
+    Attributes:
+        hooks: more training-loop hooks, each called after the worker's own (heartbeat, metrics, stop request).
+        before_result: each called with the final step once training returned (the final checkpoint saved) and
+            before the chief writes its result.
+        fingerprint_fn: applied to this task's preflight fingerprint before it is written (`run_preflight`).
+    """
 
+    hooks: tuple[TrainHooks, ...] = ()
+    before_result: tuple[Callable[[int], None], ...] = ()
+    fingerprint_fn: Callable[[Fingerprint], Fingerprint] | None = None
+
+
+NO_ADDITIONS = WorkerAdditions()
+# Builds a task's additions once its spec, config, cluster and manifest are known (before the preflight).
+AdditionsFn = Callable[[WorkerSpec, PipelineConfig, ClusterInfo, Manifest], WorkerAdditions]
 
 _KEPT_UNTIL_EXIT: list = []  # what a worker process must not destroy before its exit (`WorkerHooks.input_done`)
 
 
 class WorkerHooks(TrainHooks):
-    """The training loop's hooks in a worker: heartbeats with the phase, optional faults and example-id records
-    (tests), SIGTERM as a stop."""
+    """The training loop's hooks in a worker: heartbeats with the phase, task metrics, SIGTERM as a stop, then the
+    `extra` hooks a caller added (`WorkerAdditions.hooks`), in order."""
 
-    def __init__(self, heartbeat: Heartbeat | None, faults: FaultHooks | None = None,
-                 metrics: TaskMetrics | None = None, stop: threading.Event | None = None,
-                 inputs: InputHooks | None = None):
+    def __init__(self, heartbeat: Heartbeat | None, metrics: TaskMetrics | None = None,
+                 stop: threading.Event | None = None, extra: Sequence[TrainHooks] = (),
+                 before_result: Sequence[Callable[[int], None]] = ()):
         self.heartbeat = heartbeat
-        self.faults = faults
-        self.inputs = inputs
+        self.extra = tuple(extra)
+        self.before_result_fns = tuple(before_result)
         self.metrics = metrics
         self.preempted = False
         self.stop = stop  # in-process training: the launcher's stop request, in place of SIGTERM
@@ -104,48 +118,55 @@ class WorkerHooks(TrainHooks):
         in a 3,000-step one. Training in the caller's process (`stop` given) releases it, as the default does."""
         if self.stop is None:
             _KEPT_UNTIL_EXIT.append(iterator)
+        for hook in self.extra:
+            hook.input_done(iterator)
 
     def on_execution(self, execution: Execution) -> None:
         if self.metrics is not None:
             self.metrics.on_execution(execution)
+        for hook in self.extra:
+            hook.on_execution(execution)
 
     def on_checkpoint(self, step: int, seconds: float) -> None:
         if self.metrics is not None:
             self.metrics.on_checkpoint(seconds)
+        for hook in self.extra:
+            hook.on_checkpoint(step, seconds)
 
     def on_restored(self, step: int) -> None:
         if self.heartbeat is not None:
             self.heartbeat.start_step = step
             self.heartbeat.beat(step, 0, phase=Phase.STARTING, force=True)
-        if self.faults is not None:
-            self.faults.on_phase(Phase.STARTING.value, step)
+        for hook in self.extra:
+            hook.on_restored(step)
 
     def on_step_end(self, step: int, examples: int, loss: float) -> None:
         if self.heartbeat is not None:
             self.heartbeat.beat(step, examples, force=step == 1, loss=loss)
-        if self.faults is not None:
-            self.faults.on_step_end(step)
+        for hook in self.extra:
+            hook.on_step_end(step, examples, loss)
 
     def on_phase(self, phase: Phase, step: int) -> None:
         if self.heartbeat is not None:
             self.heartbeat.beat(step, 0, phase=phase)
-        if self.faults is not None:
-            self.faults.on_phase(phase.value, step)
+        for hook in self.extra:
+            hook.on_phase(phase, step)
 
     def before_result(self, step: int) -> None:
-        """Training returned (the final checkpoint is saved) and the result is not written yet: a fault point."""
+        """Training returned (the final checkpoint is saved) and the result is not written yet."""
         if self.heartbeat is not None:
             self.heartbeat.beat(step, 0, phase=Phase.FINISHING, force=True)
-        if self.faults is not None:
-            self.faults.on_phase(RESULT_FAULT_POINT, step)
+        for fn in self.before_result_fns:
+            fn(step)
 
     def stop_requested(self) -> bool:
-        return self.preempted or (self.stop is not None and self.stop.is_set())
+        return (self.preempted or (self.stop is not None and self.stop.is_set())
+                or any(hook.stop_requested() for hook in self.extra))
 
     def input_batches(self, batches, input_pipeline_id: int, start_step: int):
-        if self.inputs is None:
-            return batches
-        return self.inputs.input_batches(batches, input_pipeline_id, start_step)
+        for hook in self.extra:
+            batches = hook.input_batches(batches, input_pipeline_id, start_step)
+        return batches
 
     def install_sigterm(self) -> None:
         """SIGTERM sets the stop request: the loop saves a coordinated checkpoint at the next step boundary."""
@@ -172,35 +193,14 @@ def _die_with_parent() -> None:
         os._exit(PREEMPTION_EXIT_CODE)
 
 
-def _create_fault_hooks(spec: WorkerSpec, config: PipelineConfig, cluster: ClusterInfo) -> FaultHooks | None:
-    """Test-only: the fault injector when TFDAG_FAULT names a fault for this worker, else None.
-
-    Raises:
-        FaultSpecError: when TFDAG_FAULT is set but malformed.
-    """
-    if not os.environ.get(FAULT_ENV):
+def _load_test_support() -> AdditionsFn | None:
+    """Test-only: test support's additions when a test set one of TEST_SUPPORT_VARIABLES, else None (and nothing of
+    pipeline_lib.testing is imported)."""
+    if not any(os.environ.get(name, "").strip() for name in TEST_SUPPORT_VARIABLES):
         return None
-    # Test support is loaded only when a test asks for a fault: production runs never import it.
-    from pipeline_lib.testing import faults
+    from pipeline_lib.testing import worker_support
 
-    injector = faults.injector_from_env(cluster.worker_index, spec.run_dir, storage_options=config.storage_options)
-    if injector is None:
-        return None
-    injector.install_save_hook()
-    return injector
-
-
-def _create_input_hooks(manifest: Manifest, cluster: ClusterInfo) -> InputHooks | None:
-    """Test-only: the example-id recorder when TFDAG_TEST_EXAMPLE_IDS names a directory, else None."""
-    directory = os.environ.get(EXAMPLE_IDS_ENV)
-    if not directory:
-        return None
-    # Test support is loaded only when a test asks for the record: production runs never import it.
-    from pipeline_lib.testing.example_ids import ExampleIdRecorder
-
-    # Under parameter_server the training workers are the `worker` job (the chief coordinates).
-    num_workers = len(cluster.cluster["worker"]) if cluster.has_ps else cluster.num_workers
-    return ExampleIdRecorder(directory, manifest.feature_schema, num_workers)
+    return worker_support.additions_from_env
 
 
 def _start_metrics(spec: WorkerSpec, config: PipelineConfig, cluster: ClusterInfo,
@@ -243,12 +243,13 @@ def is_server_task(config: PipelineConfig, cluster: ClusterInfo) -> bool:
 
 
 def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None, *, config: PipelineConfig | None = None,
-               stop: threading.Event | None = None) -> int:
+               stop: threading.Event | None = None, additions_fn: AdditionsFn | None = None) -> int:
     """Run one task of the cluster to completion and return its exit code (see the module docstring).
 
     In a worker process `cluster` comes from TF_CONFIG and `config` from the spec. Training in the caller's
     own process (`train.isolation: none`, `launch.in_process`) passes both, with `stop` for the launcher's
-    stop request: no SIGTERM handler (Python allows one only on the main thread) and no fault injection.
+    stop request: no SIGTERM handler (Python allows one only on the main thread). `additions_fn` builds what a
+    caller adds to the task (`WorkerAdditions`; the worker entry's test support), once the manifest is loaded.
     """
     in_process = stop is not None
     cluster = cluster if cluster is not None else cluster_from_env()
@@ -260,9 +261,10 @@ def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None, *, config: 
     if heartbeat is not None:
         heartbeat.beat(0, 0, force=True)
     manifest = load_manifest(spec.dataset_uri, config.storage_options)
+    additions = additions_fn(spec, config, cluster, manifest) if additions_fn is not None else NO_ADDITIONS
     if config.preflight.enabled:
         run_preflight(spec.run_dir, cluster, config.config_hash(), manifest.content_hash(), config.preflight.timeout_s,
-                      storage_options=config.storage_options)
+                      storage_options=config.storage_options, fingerprint_fn=additions.fingerprint_fn)
     if heartbeat is None:
         # The server blocks inside C++; SIGTERM keeps its default action (exit 143, retryable).
         training.run_server(cluster)
@@ -273,21 +275,18 @@ def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None, *, config: 
         order = [(t, i) for t in ("chief", "worker", "ps") for i in range(len(cluster.cluster.get(t, ())))]
         offset = order.index((cluster.task_type, cluster.task_index)) if order else 0
         start_profiler_server(config.observability.profiler_port + offset)
-    faults = None if in_process else _create_fault_hooks(spec, config, cluster)
-    inputs = None if in_process else _create_input_hooks(manifest, cluster)
-    hooks = WorkerHooks(heartbeat, faults, metrics, stop=stop, inputs=inputs)
+    hooks = WorkerHooks(heartbeat, metrics, stop=stop, extra=additions.hooks, before_result=additions.before_result)
     choice = strategies.create_strategy(config.train, cluster)
     if not in_process:
         # After the strategy: MultiWorkerMirrored's coordination service installs a C++ SIGTERM notifier
         # that would otherwise replace Python's handler.
         hooks.install_sigterm()
-    sink = create_sink(spec.mlflow_run_id if config.tracking.enabled else None, config.mlflow_uri,
-                       is_chief=cluster.is_chief)
-    sink = EvalOnHeartbeat(sink, heartbeat)
     run_id = spec.mlflow_run_id if config.tracking.enabled else None
+    tracker = open_tracker(config)
+    sink = EvalOnHeartbeat(tracker.metrics_sink(run_id, is_chief=cluster.is_chief), heartbeat)
     pruning = _create_pruning(config, cluster)
     try:
-        with system_metrics(run_id, config.mlflow_uri, is_chief=cluster.is_chief):
+        with tracker.system_metrics(run_id, is_chief=cluster.is_chief):
             result = training.train(config, manifest, spec.plan, spec.run_dir, cluster=cluster, metrics_sink=sink,
                                     hooks=hooks, strategy_choice=choice, stop_rule=pruning)
     except TrainingInterrupted as interrupted:
@@ -315,7 +314,7 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     # those ~400k objects again (0.25 s of CPU). A worker forked from the fork server inherits them frozen already;
     # one the Ray launcher starts in a fresh interpreter freezes them here.
     gc.freeze()
-    return exit_code(lambda: run_worker(load_spec(args.spec)), _to_stderr)
+    return exit_code(lambda: run_worker(load_spec(args.spec), additions_fn=_load_test_support()), _to_stderr)
 
 
 def _to_stderr(text: str) -> None:

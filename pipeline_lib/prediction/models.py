@@ -6,7 +6,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -21,15 +20,17 @@ from pipeline_lib.evaluation.consolidation import (
     SAVED_MODEL_NAME,
     verify_export,
 )
-from pipeline_lib.tracking.client import create_client, global_tracking_uri
+from pipeline_lib.tracking.model_download import (
+    MODEL_URI_SCHEMES,
+    ModelNotFoundError,
+    download_model,
+)
 
 logger = logging.getLogger(__name__)
 
-MLFLOW_SCHEMES = ("models:/", "runs:/")
+MLFLOW_SCHEMES = MODEL_URI_SCHEMES
 # Where the logged pyfunc keeps the SavedModel (tracking.model_logging logs it as the artifact `saved_model`).
 PYFUNC_SAVED_MODEL = os.path.join("artifacts", "saved_model")
-_ALIAS = re.compile(r"^models:/(?P<name>[^/@]+)@(?P<alias>[^/]+)/?$")
-_VERSION = re.compile(r"^models:/(?P<name>[^/@]+)/(?P<version>\d+)/?$")
 
 
 class PredictionError(UserError, ValueError):
@@ -107,37 +108,20 @@ def _export_model(uri: str, storage_options: dict[str, Any], work_dir: str) -> t
 
 
 def _mlflow_model(uri: str, tracking_uri: str | None, work_dir: str) -> tuple[ResolvedModel, str]:
-    import mlflow
-    from mlflow.exceptions import MlflowException
-    from mlflow.models import Model
-
     if not tracking_uri:
         raise PredictionError(f"model {uri!r} is an MLflow URI but no MLflow store is given; pass --tracking-uri "
                               "(tracking_uri) or set MLFLOW_TRACKING_URI")
     shown = mask_url_passwords(uri)
     store = mask_url_passwords(tracking_uri)
-    client = create_client(tracking_uri)
-    name = alias = None
-    version: int | None = None
     try:
-        if match := _ALIAS.match(uri):
-            name, alias = match["name"], match["alias"]
-            version = int(client.get_model_version_by_alias(name, alias).version)
-        elif match := _VERSION.match(uri):
-            name, version = match["name"], int(match["version"])
-            client.get_model_version(name, str(version))
-        # MLflow resolves a models:/ URI with the process-wide registry, whatever download_artifacts is given.
-        with global_tracking_uri(tracking_uri):
-            local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=work_dir)
-    except MlflowException as error:
-        raise PredictionError(f"model {shown!r} is not in the MLflow store {store} ({error.message}); check the "
+        model = download_model(uri, tracking_uri, work_dir)
+    except ModelNotFoundError as error:
+        raise PredictionError(f"model {shown!r} is not in the MLflow store {store} ({error}); check the "
                               "name, version or alias (the MLflow UI lists them) and --tracking-uri") from None
-    saved_model_dir = os.path.join(local, PYFUNC_SAVED_MODEL)
+    saved_model_dir = os.path.join(model.local_dir, PYFUNC_SAVED_MODEL)
     if not os.path.isdir(saved_model_dir):
         raise PredictionError(f"model {shown!r} in {store} holds no {PYFUNC_SAVED_MODEL}: it was not logged by tfdag "
                               "(tracking.model_logging); name a model a tfdag run registered")
-    meta = Model.load(os.path.join(local, "MLmodel"))
-    model_id = getattr(meta, "model_id", None)
     logger.info("predict | model %s downloaded from %s", shown, store)
-    return ResolvedModel(uri=shown, source="mlflow", name=name, version=version, alias=alias, run_id=meta.run_id,
-                         model_id=model_id), saved_model_dir
+    return ResolvedModel(uri=shown, source="mlflow", name=model.name, version=model.version, alias=model.alias,
+                         run_id=model.run_id, model_id=model.model_id), saved_model_dir

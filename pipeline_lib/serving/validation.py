@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -50,8 +50,9 @@ PYFUNC_LOADER = fresh_load.PYFUNC_LOADER
 DEFAULT_TOLERANCE = 1e-5
 DEFAULT_NUM_ROWS = 64
 DEFAULT_TIMEOUT_S = 300.0
-# Test support: breaks the export just before the check (pipeline_lib.testing.export_faults describes it).
-EXPORT_FAULT_ENV = "TFDAG_EXPORT_FAULT"
+# Called in order with the local SavedModel (the export itself when it is local) just before the fresh process
+# loads it; empty unless a caller adds one. Tests break the export here (`pipeline_lib.testing.export_faults`).
+before_check_fns: list[Callable[[str], None]] = []
 
 _FIX = {
     SAVED_MODEL_LOADER: "the SavedModel must load with TensorFlow alone: re-export it (the run's consolidation "
@@ -172,7 +173,7 @@ def _local_copy(uri: str, storage_options: Mapping[str, Any] | None, stack: cont
 
 
 def _fresh_environment() -> dict[str, str]:
-    environment = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "PYTHONPATH", EXPORT_FAULT_ENV)}
+    environment = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "PYTHONPATH")}
     environment.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="-1")
     return environment
 
@@ -268,10 +269,8 @@ def validate_model(saved_model_dir: str, keras_path: str, logged_model_uri: str 
         local_saved = _local_copy(saved_model_dir, storage_options, stack)
         model = keras.saving.load_model(_local_copy(keras_path, storage_options, stack), compile=False)
         reference = reference_outputs(model, schema, task, tensors)
-        if os.environ.get(EXPORT_FAULT_ENV, "").strip():
-            from pipeline_lib.testing.export_faults import break_export
-
-            break_export(local_saved, os.environ[EXPORT_FAULT_ENV])
+        for fn in before_check_fns:
+            fn(local_saved)
         names = input_names(schema)
         by_input = {names[name]: value for name, value in tensors.items()}
         uris = {SAVED_MODEL_LOADER: saved_model_dir, PYFUNC_LOADER: logged_model_uri or ""}

@@ -4,8 +4,8 @@ The dataset must have a numeric feature `example_id` holding each row's id. When
 directory, each worker writes one line per batch its input pipeline yields, `<batch index> <id> <id> ...`, in order,
 to `<dir>/worker<W>-of<K>-from<S>.txt` (W: its input pipeline, K: the attempt's workers, S: the step the attempt
 started from). A pipeline is read ahead of the steps, so the batches trained are the file's first (steps run ×
-replicas per worker) lines; a test knows the steps each attempt ran. Never set it outside tests: the worker imports
-this module only when it is set.
+replicas per worker) lines; a test knows the steps each attempt ran. Never set it outside tests: the worker entry
+loads test support (`worker_support`) only when it is set, and adds the recorder to the training loop's hooks.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ import os
 import tensorflow as tf
 
 from pipeline_lib.data.manifest import Schema
+from pipeline_lib.training.hooks import TrainHooks
 from pipeline_lib.training.input_pipeline import NUMERIC_KEY, numeric_columns
 
+EXAMPLE_IDS_ENV = "TFDAG_TEST_EXAMPLE_IDS"
 EXAMPLE_ID_FEATURE = "example_id"
 # The feature holds id / EXAMPLE_ID_SCALE: exact in float32 (a power-of-two divisor) for every id below 2**24, and
 # on the pixels' scale, so a model that learns from the dataset is not thrown by a feature in the thousands.
@@ -37,7 +39,7 @@ def read_record(path: str) -> list[list[int]]:
     return [batches[i] for i in range(len(batches))]
 
 
-class ExampleIdRecorder:
+class ExampleIdRecorder(TrainHooks):
     """`TrainHooks.input_batches` for tests: writes the example ids of every batch an input pipeline yields."""
 
     def __init__(self, directory: str, schema: Schema, num_workers: int):

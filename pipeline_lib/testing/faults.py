@@ -19,7 +19,8 @@
 parameter_server only the chief runs the step loop, so only `worker=0` fires there. A fault fires once per
 run: a marker file `<run_dir>/.faults/<action>-worker<N>` is written just before it fires, so the attempt the
 supervisor restarts does not fire it again. Corrupting the latest checkpoint is done by the tests on disk.
-Never set TFDAG_FAULT outside tests: the worker imports this module only when it is set.
+Never set TFDAG_FAULT outside tests: the worker entry loads test support (`worker_support`) only when it is set,
+and adds the injector to the training loop as `FaultHooks`.
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ from collections.abc import Mapping
 
 from pipeline_lib.core import storage
 from pipeline_lib.core.errors import TfdagError, UserError
-from pipeline_lib.launch.spec import FAULT_ENV, RESULT_FAULT_POINT
-from pipeline_lib.training.hooks import Phase
+from pipeline_lib.training.hooks import Phase, TrainHooks
 
 logger = logging.getLogger(__name__)
 
+FAULT_ENV = "TFDAG_FAULT"
+# The fault point after the final checkpoint is saved and before the chief writes its result.
+RESULT_FAULT_POINT = "result"
 ACTIONS = ("kill", "stop", "term", "raise", "sleep", "kill_during_save")
 MARKER_DIR = ".faults"
 _POINTS = (*(p.value for p in Phase), RESULT_FAULT_POINT)
@@ -207,3 +210,23 @@ def injector_from_env(worker_index: int, run_dir: str, environ: Mapping[str, str
         return None
     logger.warning("TFDAG_FAULT is set (test-only): %s", ", ".join(f.marker_name for f in injector.faults))
     return injector
+
+
+class FaultHooks(TrainHooks):
+    """The training loop's hooks that fire an injector's faults: after each step, as each phase is entered
+    (`starting` once the run is restored); `before_result` is the result point, for `WorkerAdditions.before_result`."""
+
+    def __init__(self, injector: FaultInjector):
+        self.injector = injector
+
+    def on_restored(self, step: int) -> None:
+        self.injector.on_phase(Phase.STARTING.value, step)
+
+    def on_step_end(self, step: int, examples: int, loss: float) -> None:
+        self.injector.on_step_end(step)
+
+    def on_phase(self, phase: Phase, step: int) -> None:
+        self.injector.on_phase(phase.value, step)
+
+    def before_result(self, step: int) -> None:
+        self.injector.on_phase(RESULT_FAULT_POINT, step)

@@ -5,19 +5,25 @@ written, e.g. `TFDAG_PREFLIGHT_OVERRIDE='{"tensorflow": "2.13.1"}'`; with `"task
 object only that task applies it (how a whole local `tfdag run` fakes one skewed worker). Keys: the
 version names (python, tensorflow, keras, protobuf, numpy, tfdag), `config_hash`, `data_hash`, the TF
 build keys (`cuda_version`, `cudnn_version`, ...) and `gpus` (a list of {"device", "name", "memory_mb"}).
-The overridden keys are recorded in the fingerprint's `overrides` and reported as a warning.
-`run_preflight` imports this module only when the variable is set. Never set it outside tests.
+The worker entry (`worker_support`) passes `fingerprint_fn_from_env()` to `run_preflight` as its `fingerprint_fn`
+when the variable is set; the task logs a warning naming the replaced fields. Never set it outside tests.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import logging
+import os
+from collections.abc import Callable, Mapping
 
 from pydantic import ValidationError
 
-from pipeline_lib.cluster.fingerprint import OVERRIDE_ENV, Fingerprint
+from pipeline_lib.cluster.fingerprint import Fingerprint
 from pipeline_lib.cluster.preflight_report import PreflightError
+
+logger = logging.getLogger(__name__)
+
+OVERRIDE_ENV = "TFDAG_PREFLIGHT_OVERRIDE"
 
 
 def apply_override(fingerprint: Fingerprint, environ: Mapping[str, str]) -> Fingerprint:
@@ -55,6 +61,18 @@ def apply_override(fingerprint: Fingerprint, environ: Mapping[str, str]) -> Fing
         else:
             values[key] = value
     try:
-        return Fingerprint(**{**values, "overrides": tuple(sorted(override))})
+        faked = Fingerprint(**values)
     except ValidationError as error:
         raise PreflightError(f"{OVERRIDE_ENV} gives a field a value of the wrong type: {error}") from None
+    logger.warning("%s (test-only) replaced %s of %s's preflight fingerprint", OVERRIDE_ENV,
+                   ", ".join(sorted(override)), fingerprint.task)
+    return faked
+
+
+def fingerprint_fn_from_env(environ: Mapping[str, str] | None = None
+                            ) -> Callable[[Fingerprint], Fingerprint] | None:
+    """`run_preflight`'s `fingerprint_fn` that applies `TFDAG_PREFLIGHT_OVERRIDE` (read now), or None when unset."""
+    environ = dict(os.environ if environ is None else environ)
+    if not environ.get(OVERRIDE_ENV, "").strip():
+        return None
+    return lambda fingerprint: apply_override(fingerprint, environ)

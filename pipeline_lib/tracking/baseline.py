@@ -9,27 +9,14 @@ from __future__ import annotations
 
 import tempfile
 
-from pydantic import BaseModel, ConfigDict
-
 from pipeline_lib.config import ConfigError, PipelineConfig
 from pipeline_lib.data.manifest import Schema
 from pipeline_lib.data.statistics import DatasetStatistics
-from pipeline_lib.data.validation import ValidationReport, validate_statistics
 from pipeline_lib.tracking.client import create_client
+from pipeline_lib.tracking.records import SCHEMA_ARTIFACT, STATISTICS_ARTIFACT, Baseline
 
-STATISTICS_ARTIFACT = "data/statistics.json"
-SCHEMA_ARTIFACT = "data/schema.json"
 PIPELINE_TAG = "tfdag.pipeline"
 _SEARCHED_RUNS = 20
-
-
-class Baseline(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    run_id: str
-    description: str
-    schema_: Schema
-    statistics: DatasetStatistics
 
 
 def _load(client, run_id: str, description: str) -> Baseline | None:
@@ -110,31 +97,3 @@ def find_baseline(config: PipelineConfig, against: str | None = None,
         raise ConfigError(f"MLflow run {against} logged no {STATISTICS_ARTIFACT}; pass a run that converted data "
                           "with statistics, or 'latest'")
     return found
-
-
-def baseline_artifacts(schema: Schema, statistics: DatasetStatistics) -> dict[str, str]:
-    """The run artifacts that make a run a baseline for later ones."""
-    return {SCHEMA_ARTIFACT: schema.model_dump_json(indent=2), STATISTICS_ARTIFACT: statistics.to_json()}
-
-
-
-def check_data(config: PipelineConfig, schema: Schema, statistics: DatasetStatistics | None,
-               against: str | None = None, exclude_run_id: str | None = None) -> ValidationReport:
-    """This conversion's schema and statistics against the baseline (`validation.against` unless `against`).
-
-    No baseline (a first run, tracking disabled, a dataset converted without statistics) gives a report
-    without anomalies that says so.
-
-    Raises:
-        ConfigError: when the named baseline does not exist (see `find_baseline`).
-    """
-    if statistics is None:
-        return ValidationReport(baseline="none: the dataset was converted without statistics")
-    if not config.tracking.enabled and against is None:
-        return ValidationReport(baseline="none: tracking is disabled, so there is no earlier run to compare with")
-    baseline = find_baseline(config, against, exclude_run_id)
-    if baseline is None:
-        return ValidationReport(baseline=f"none: no earlier successful run of pipeline {config.name!r} logged "
-                                         "statistics (this run's become the baseline)")
-    return validate_statistics(schema, statistics, baseline.schema_, baseline.statistics, config.validation,
-                               baseline.description)

@@ -14,41 +14,17 @@ import keras
 import numpy as np
 import pandas as pd
 import tensorflow as tf
-from pydantic import BaseModel, ConfigDict
 
 from pipeline_lib.core import storage
 from pipeline_lib.data import tfdag_instants
 from pipeline_lib.data.manifest import DType, FeatureSpec, Manifest, Schema, TimeKind
 from pipeline_lib.serving import rows, tfdag_scoring
 from pipeline_lib.tracking.client import clean_tags, create_client, global_tracking_uri
+from pipeline_lib.tracking.records import LoggedModel, ModelVersionInfo
 
 logger = logging.getLogger(__name__)
 
 MODEL_ARTIFACT_NAME = "model"
-
-
-class ModelVersionInfo(BaseModel):
-    """A model version in the MLflow registry."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    version: int
-    model_uri: str  # models:/<name>/<version>
-    logged_model_uri: str  # the run's logged model
-    run_id: str
-    flavor: str  # "python_function"
-
-
-class LoggedModel(BaseModel):
-    """A model logged to its MLflow run, not (yet) registered."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    model_uri: str  # models:/<model_id>, what mlflow.pyfunc.load_model takes
-    model_id: str
-    run_id: str
-    flavor: str = "python_function"
 
 
 # The models-from-code script MLflow runs to build the pyfunc: `tfdag_scoring` (and `tfdag_instants`, which it

@@ -11,27 +11,24 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from pipeline_lib.config import (
-    ConfigError,
-    PipelineConfig,
-    RegisterPolicy,
-    parse_config,
-)
+from pipeline_lib.config import ConfigError, PipelineConfig, parse_config
 from pipeline_lib.core import storage
 from pipeline_lib.core.errors import TfdagError
 from pipeline_lib.data.manifest import SourceFingerprint
 from pipeline_lib.evaluation.report import GateDecision
-from pipeline_lib.serving.validation import ModelValidation
 from pipeline_lib.tracking.client import create_client
+from pipeline_lib.tracking.records import (
+    BLESSED_TAG,
+    CHAMPION_ALIAS,
+    CONFIG_HASH_TAG,
+    FINGERPRINT_TAG,
+    VersionInfo,
+)
 from pipeline_lib.tracking.run import BLESSED_RUN_TAG
 
 logger = logging.getLogger(__name__)
 
-CHAMPION_ALIAS = "champion"
-# Model-version tags written by the retrain flow.
-FINGERPRINT_TAG = "tfdag.source_fingerprint"
-CONFIG_HASH_TAG = "tfdag.config_hash"
-BLESSED_TAG = "blessed"
+# Model-version tags written by the retrain flow (FINGERPRINT_TAG, CONFIG_HASH_TAG, BLESSED_TAG: tracking.tracker).
 CHALLENGER_SCORE_TAG = "tfdag.challenger_score"
 CHAMPION_SCORE_TAG = "tfdag.champion_score"
 COMPARED_WITH_TAG = "tfdag.compared_with_version"
@@ -41,36 +38,6 @@ REASON_TAG = "tfdag.decision_reason"
 
 class RegistryError(TfdagError, RuntimeError):
     """The registry cannot be used as configured; the message names the value and the fix."""
-
-
-class VersionInfo(BaseModel):
-    """A registered model version with the tags the retrain flow reads."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    version: int
-    run_id: str | None
-    tags: dict[str, str]
-    aliases: tuple[str, ...] = ()
-
-    @property
-    def source_fingerprint(self) -> str | None:
-        return self.tags.get(FINGERPRINT_TAG)
-
-    @property
-    def blessed(self) -> bool | None:
-        value = self.tags.get(BLESSED_TAG)
-        return None if value is None else value.lower() == "true"
-
-
-def registers(policy: RegisterPolicy, decision: GateDecision, validation: ModelValidation | None = None) -> bool:
-    """Whether `tracking.register` puts this model in the registry: a blessed one always, another only with
-    `always` (tagged blessed=false, without an alias); a model that failed the model check before registration
-    (`serving.validation`) never: it does not load, or does not predict what was evaluated."""
-    if validation is not None and not validation.passed:
-        return False
-    return decision.blessed or policy == RegisterPolicy.ALWAYS
 
 
 def _version_info(mv) -> VersionInfo:

@@ -55,11 +55,6 @@ class ReproductionRecord(BaseModel):
     keras_version: str
     python_version: str
 
-    @property
-    def is_reproducible(self) -> bool:
-        """Deterministic mode and a synchronous strategy: asynchronous parameter-server updates never repeat."""
-        return self.deterministic and self.strategy != Strategy.PARAMETER_SERVER.value
-
     def why_not_reproducible(self) -> str | None:
         if self.strategy == Strategy.PARAMETER_SERVER.value:
             return ("it trained under parameter_server, whose workers update the parameters asynchronously in an "

@@ -15,7 +15,6 @@ from typing import Any
 
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
-from pipeline_lib.core.errors import UserError
 from pipeline_lib.core.secrets import is_secret_name, mask_url_passwords
 from pipeline_lib.evaluation.report import GateDecision
 from pipeline_lib.evaluation.slicing import SliceResult
@@ -27,11 +26,15 @@ from pipeline_lib.tracking.client import (
     create_client,
     masked_run_links,
 )
+from pipeline_lib.tracking.records import (
+    FINAL_METRIC_PREFIX,
+    RunStatus,
+    TrackingError,
+    run_status,
+)
 
 logger = logging.getLogger(__name__)
 
-FINAL_METRIC_PREFIX = "final_eval_"
-BASELINE_METRIC_PREFIX = "baseline."  # the trivial predictor's metrics on the same eval split (`evaluation.trivial`)
 # The stage that raised, on a run that ended FAILED or KILLED.
 FAILED_STAGE_TAG = "tfdag.failed_stage"
 # The gate's decision on the run's model: "true" or "false", and why.
@@ -49,18 +52,6 @@ WORKERS_METRIC = "workers"  # an elastic run's training workers, by step
 _MAX_PARAMS_PER_BATCH = 100
 _MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAM_VALUE = 6000
-
-
-class TrackingError(UserError, RuntimeError):
-    """MLflow cannot be used as configured; the message names the value, where it came from and the fix."""
-
-
-class RunStatus(str, enum.Enum):
-    """How an MLflow run ends."""
-
-    FINISHED = "FINISHED"
-    FAILED = "FAILED"
-    KILLED = "KILLED"
 
 
 def _get_or_create_experiment(client, config: PipelineConfig) -> str:
@@ -140,15 +131,22 @@ def finish_run(run_id: str, tracking_uri: str, status: RunStatus | str = RunStat
     Raises:
         TrackingError: for a status other than FINISHED, FAILED or KILLED.
     """
-    name = str(getattr(status, "value", status)).upper()
-    if name not in RunStatus.__members__:
-        raise TrackingError(f"run status {name!r} is not one of {list(RunStatus.__members__)}")
+    name = run_status(status).value
     client = create_client(tracking_uri)
     if failed_stage:
         client.set_tag(run_id, FAILED_STAGE_TAG, failed_stage[:MAX_TAG_VALUE])
     with masked_run_links(tracking_uri):
         client.set_terminated(run_id, status=name)
     logger.debug("MLflow run %s ended %s%s", run_id, name, f" in stage {failed_stage}" if failed_stage else "")
+
+
+def reopen_run(run_id: str, tracking_uri: str) -> None:
+    """Set an ended run back to RUNNING (a resumed pipeline run), its failed stage cleared."""
+    client = create_client(tracking_uri)
+    if FAILED_STAGE_TAG in client.get_run(run_id).data.tags:
+        client.delete_tag(run_id, FAILED_STAGE_TAG)
+    client.update_run(run_id, status="RUNNING")
+    logger.debug("MLflow run %s reopened", run_id)
 
 
 def _param_value(value: Any) -> str:

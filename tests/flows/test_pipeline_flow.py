@@ -235,8 +235,8 @@ def test_register_always_registers_a_refused_model_tagged_blessed_false_without_
 
 @pytest.mark.slow
 def test_a_model_whose_export_does_not_load_is_not_blessed_nor_registered_even_with_register_always(
-        tmp_path, prefect_api, monkeypatch):
-    """The SavedModel broken after the model was logged (TFDAG_EXPORT_FAULT, pipeline_lib.testing.export_faults):
+        tmp_path, prefect_api):
+    """The SavedModel broken after the model was logged (pipeline_lib.testing.export_faults.breaking_exports):
     metrics that bless, a check that fails. One 1-epoch flow run, in process: the CLI's exit 3 follows
     `summary.blessed` (cmd_run), as the unreachable-threshold test above shows through `tfdag run`."""
     from mlflow.tracking import MlflowClient
@@ -245,13 +245,14 @@ def test_a_model_whose_export_does_not_load_is_not_blessed_nor_registered_even_w
 
     from flows import console
     from flows.pipeline import NOT_BLESSED_STATE, final_state, training_pipeline
+    from pipeline_lib.testing.export_faults import breaking_exports
 
-    monkeypatch.setenv("TFDAG_EXPORT_FAULT", "corrupt_variables")
     data = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=1)
     data["name"] = data["tracking"]["registered_model"] = "digits-broken-export"
     data["tracking"]["register"] = "always"
     config = parse_config(data)
-    summary = training_pipeline(config)
+    with breaking_exports("corrupt_variables"):
+        summary = training_pipeline(config)
 
     assert not summary.blessed and summary.model_version is None and summary.model_validated is False
     reason = summary.gate.reason
@@ -398,8 +399,8 @@ def test_a_failure_after_training_ends_the_mlflow_run_failed_naming_the_stage(tm
 def test_an_elastic_shrink_a_restart_and_a_fault_after_the_final_checkpoint_show_in_mlflow_the_log_and_summary(
         tmp_path, prefect_api, monkeypatch):
     """One elastic flow of 2 workers, two real SIGKILLs through the documented test-only settings the workers
-    inherit: worker 1 at step 30 with only 1 local "node" up (TFDAG_TEST_LOCAL_NODES, read by the launcher the flow
-    runs in this process), so the group resumes from the step-20 checkpoint on 1 worker (a resize and a restart);
+    inherit: worker 1 at step 30 with only 1 local "node" up (pipeline_lib.testing.local_nodes, in the launcher the
+    flow runs in this process), so the group resumes from the step-20 checkpoint on 1 worker (a resize and a restart);
     then worker 0 after the final checkpoint is saved and before the result is written (the restarted process
     restores the final step, trains nothing, and the pipeline goes on to consolidation and evaluation). Each fault
     has its own marker, so each fires once."""
@@ -410,18 +411,19 @@ def test_an_elastic_shrink_a_restart_and_a_fault_after_the_final_checkpoint_show
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     from flows.pipeline import training_pipeline
-    from pipeline_lib.launch.spec import FAULT_ENV, LOCAL_NODES_ENV
+    from pipeline_lib.testing.faults import FAULT_ENV
+    from pipeline_lib.testing.local_nodes import local_nodes
 
     nodes = tmp_path / "nodes"
     nodes.write_text("1")
     monkeypatch.setenv(FAULT_ENV, "kill:worker=1:step=30,kill:worker=0:phase=result")
-    monkeypatch.setenv(LOCAL_NODES_ENV, str(nodes))
     data = digits_config(tmp_path, strategy="auto", cpu_replicas=None, workers=2, per_replica_batch_size=16, epochs=1,
                          checkpoint_every_steps=20,
                          restart_backoff_s=0.1, elastic={"min_workers": 1, "wait_s": 0.5})
     data["name"] = "digits-restart"
     config = parse_config(data)
-    summary = training_pipeline(config)
+    with local_nodes(nodes):
+        summary = training_pipeline(config)
 
     assert summary.num_restarts == 2
     shrink = ("worker 1 killed by SIGKILL; 1 of 2 workers could be placed within train.elastic.wait_s (0.5 s)")

@@ -248,3 +248,22 @@ def test_importing_every_library_module_loads_no_prefect():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=LIB.parent, timeout=300)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_only_the_worker_entry_reaches_test_support_and_no_production_module_reads_a_test_variable():
+    """Test faults enter through one seam: the worker entry, which alone imports pipeline_lib.testing (when a test
+    variable is set) and alone names those variables; every other production module offers public hooks only."""
+    entry = LIB / "launch" / "worker.py"
+    names = {"TFDAG_FAULT", "TFDAG_EXPORT_FAULT", "TFDAG_PREFLIGHT_OVERRIDE"}
+    modules = {_module_name(p, LIB) for p in LIB.rglob("*.py")}
+    problems = []
+    for path in sorted(LIB.rglob("*.py")):
+        if path.relative_to(LIB).parts[0] == TEST_SUPPORT or path == entry:
+            continue
+        where = path.relative_to(PROJECT)
+        problems += [f"{where}:{line} imports {target}" for target, _top, line in _imports(path, LIB, modules)
+                     if target.startswith(f"pipeline_lib.{TEST_SUPPORT}")]
+        problems += [f"{where}:{node.lineno} names {node.value}" for node in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                     and (node.value in names or node.value.startswith("TFDAG_TEST_"))]
+    assert problems == [], "\n".join(problems)

@@ -14,8 +14,8 @@ import uuid
 import pytest
 
 from pipeline_lib.launch.ray_launcher import launch_on_ray
-from pipeline_lib.launch.spec import EXAMPLE_IDS_ENV, FAULT_ENV
-from pipeline_lib.testing.example_ids import read_record, record_path
+from pipeline_lib.testing.example_ids import EXAMPLE_IDS_ENV, read_record, record_path
+from pipeline_lib.testing.faults import FAULT_ENV
 from tests.pipeline_lib.launch_support import (
     LogCapture,
     make_config,

@@ -15,8 +15,9 @@ import pytest
 
 from pipeline_lib.checkpoints import manifests
 from pipeline_lib.launch.ray_launcher import launch_on_ray
-from pipeline_lib.launch.spec import EXAMPLE_IDS_ENV, FAULT_ENV
 from pipeline_lib.planning.sharding import plan_for_train
+from pipeline_lib.testing.example_ids import EXAMPLE_IDS_ENV
+from pipeline_lib.testing.faults import FAULT_ENV
 from tests.pipeline_lib.launch_support import (
     LogCapture,
     assert_coordinator_fed_each_example_once,

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline_lib.cluster.fingerprint import OVERRIDE_ENV
 from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.cluster.preflight import run_preflight
 from pipeline_lib.cluster.preflight_report import PreflightError, PreflightReport
 from pipeline_lib.cluster.probe import GpuInfo
+from pipeline_lib.testing.preflight_override import OVERRIDE_ENV
 from tests.pipeline_lib.cluster.preflight_support import (
     fake_peer,
     listen_on,
@@ -31,9 +31,12 @@ import json, socket, sys
 from pipeline_lib.cluster.info import cluster_from_env
 from pipeline_lib.cluster.preflight import run_preflight
 from pipeline_lib.cluster.preflight_report import PreflightError
+from pipeline_lib.testing.preflight_override import fingerprint_fn_from_env
 cluster = cluster_from_env()
 try:
-    report = run_preflight(sys.argv[1], cluster, "config-hash", "data-hash", float(sys.argv[2]))
+    # A skewed node faked as the worker entry fakes one: test support's fingerprint_fn, from the environment.
+    report = run_preflight(sys.argv[1], cluster, "config-hash", "data-hash", float(sys.argv[2]),
+                           fingerprint_fn=fingerprint_fn_from_env())
 except PreflightError as error:
     print(str(error), file=sys.stderr)
     sys.exit(3)

@@ -1,7 +1,7 @@
-"""An elastic run through the local launcher with an injected node loss (TFDAG_TEST_LOCAL_NODES: how many local
-"nodes" are up): a lost worker is replaced by a resize to the workers that can be placed, and the group grows back
-at an agreed checkpoint once capacity returns; real worker processes, real signals, real checkpoints, and every
-example of every epoch once, by the example ids the workers record."""
+"""An elastic run through the local launcher with an injected node loss (`pipeline_lib.testing.local_nodes`: a
+file of how many local "nodes" are up): a lost worker is replaced by a resize to the workers that can be placed, and
+the group grows back at an agreed checkpoint once capacity returns; real worker processes, real signals, real
+checkpoints, and every example of every epoch once, by the example ids the workers record."""
 
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ from pipeline_lib.config import parse_config
 from pipeline_lib.launch.errors import ElasticCapacityError
 from pipeline_lib.launch.local import LocalGroup, _resize, launch
 from pipeline_lib.launch.prometheus import TARGETS_NAME
-from pipeline_lib.launch.spec import EXAMPLE_IDS_ENV, FAULT_ENV, LOCAL_NODES_ENV
 from pipeline_lib.planning.sharding import plan_for_train
-from pipeline_lib.testing.example_ids import read_record, record_path
+from pipeline_lib.testing.example_ids import EXAMPLE_IDS_ENV, read_record, record_path
+from pipeline_lib.testing.faults import FAULT_ENV
+from pipeline_lib.testing.local_nodes import local_nodes
 from pipeline_lib.training import epochs
 from tests.pipeline_lib.launch_support import (
     LogCapture,
@@ -78,8 +79,7 @@ def test_a_lost_worker_shrinks_the_group_and_returning_capacity_grows_it_back_ev
     assert (plan.global_batch_size, plan.steps_per_epoch, plan.total_steps) == (75, 19, 45)
     run_dir, ids_dir, nodes = str(tmp_path / "run"), str(tmp_path / "ids"), tmp_path / "nodes"
     nodes.write_text("2")  # read only when a worker is lost: then one node of three is gone
-    env = {FAULT_ENV: "kill:worker=2:step=14,sleep:worker=0:step=20:seconds=6", EXAMPLE_IDS_ENV: ids_dir,
-           LOCAL_NODES_ENV: str(nodes)}
+    env = {FAULT_ENV: "kill:worker=2:step=14,sleep:worker=0:step=20:seconds=6", EXAMPLE_IDS_ENV: ids_dir}
     logs, resized = LogCapture(), []
 
     scraped: list[float] = []
@@ -93,8 +93,9 @@ def test_a_lost_worker_shrinks_the_group_and_returning_capacity_grows_it_back_ev
 
     returning = threading.Thread(target=node_returns, daemon=True)
     returning.start()
-    outcome = launch(make_spec(config, manifest, plan, run_dir), config, log_fn=logs, env=env,
-                     on_resize=resized.append)
+    with local_nodes(nodes):
+        outcome = launch(make_spec(config, manifest, plan, run_dir), config, log_fn=logs, env=env,
+                         on_resize=resized.append)
     returning.join(timeout=5)
 
     result = outcome.result
@@ -176,8 +177,7 @@ def test_parameter_server_keeps_its_server_shrinks_and_grows_back_its_workers_ev
     run_dir, ids_dir, nodes = str(tmp_path / "run"), str(tmp_path / "ids"), tmp_path / "nodes"
     nodes.write_text("2")
     spec = make_spec(config, manifest, plan, run_dir)
-    group = _RecordingGroup(spec, config, {EXAMPLE_IDS_ENV: ids_dir, LOCAL_NODES_ENV: str(nodes),
-                                           FAULT_ENV: "sleep:worker=0:step=12:seconds=3"})
+    group = _RecordingGroup(spec, config, {EXAMPLE_IDS_ENV: ids_dir, FAULT_ENV: "sleep:worker=0:step=12:seconds=3"})
     logs, killed, resized = LogCapture(), [], []
 
     def kill_worker_2(line: str) -> None:
@@ -192,7 +192,8 @@ def test_parameter_server_keeps_its_server_shrinks_and_grows_back_its_workers_ev
         resized.append(record)
         nodes.write_text("3")
 
-    outcome = launch(spec, config, log_fn=kill_worker_2, group=group, on_resize=node_returns)
+    with local_nodes(nodes):
+        outcome = launch(spec, config, log_fn=kill_worker_2, group=group, on_resize=node_returns)
 
     result = outcome.result
     assert (result.strategy, result.final_step, result.total_steps) == ("parameter_server", 25, 25)

@@ -17,7 +17,7 @@ from pipeline_lib.launch import worker
 from pipeline_lib.launch.heartbeat import Heartbeat, read_heartbeat
 from pipeline_lib.launch.spec import PREEMPTION_EXIT_CODE, WorkerSpec
 from pipeline_lib.launch.worker import WorkerHooks
-from pipeline_lib.training.hooks import Phase
+from pipeline_lib.training.hooks import Phase, TrainHooks
 from pipeline_lib.training.results import TrainResult
 from tests.pipeline_lib.launch_support import (
     REPO_ROOT,
@@ -49,7 +49,7 @@ def test_a_worker_process_keeps_its_input_iterator_to_its_exit_and_training_in_p
 
 
 def test_sigterm_becomes_a_stop_request():
-    hooks = WorkerHooks(heartbeat=None, faults=None)
+    hooks = WorkerHooks(heartbeat=None)
     previous = signal.getsignal(signal.SIGTERM)
     try:
         hooks.install_sigterm()
@@ -60,21 +60,24 @@ def test_sigterm_becomes_a_stop_request():
         signal.signal(signal.SIGTERM, previous)
 
 
-class _Faults:
+class _Faults(TrainHooks):
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
-    def on_step_end(self, step: int) -> None:
+    def on_restored(self, step: int) -> None:
+        self.calls.append((Phase.STARTING.value, step))
+
+    def on_step_end(self, step: int, examples: int, loss: float) -> None:
         self.calls.append(("step", step))
 
-    def on_phase(self, phase: str, step: int) -> None:
-        self.calls.append((phase, step))
+    def on_phase(self, phase: Phase, step: int) -> None:
+        self.calls.append((phase.value, step))
 
 
 def test_step_hooks_beat_with_the_phase_and_call_the_faults(tmp_path):
     cluster = ClusterInfo(task_type="worker", task_index=1, cluster={"worker": ("a:1", "b:2")})
     faults = _Faults()
-    hooks = WorkerHooks(Heartbeat(str(tmp_path), cluster, interval_s=3600), faults=faults)
+    hooks = WorkerHooks(Heartbeat(str(tmp_path), cluster, interval_s=3600), extra=[faults])
     path = str(tmp_path / "worker-1.json")
     hooks.on_restored(0)
     assert read_heartbeat(path)["phase"] == "starting" and read_heartbeat(path)["start_step"] == 0
@@ -91,18 +94,24 @@ def test_step_hooks_beat_with_the_phase_and_call_the_faults(tmp_path):
 def test_fault_injection_loads_test_support_only_when_tfdag_fault_is_set(tmp_path, monkeypatch, dataset):
     config = make_config(str(tmp_path))
     spec = make_spec(config, dataset, plan_for(dataset, config, steps=4), str(tmp_path / "run"))
-    for name in ("pipeline_lib.testing", "pipeline_lib.testing.faults"):
+    for name in ("pipeline_lib.testing", "pipeline_lib.testing.faults", "pipeline_lib.testing.worker_support"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    monkeypatch.delenv("TFDAG_FAULT", raising=False)
-    assert worker._create_fault_hooks(spec, config, ClusterInfo()) is None
-    assert "pipeline_lib.testing.faults" not in sys.modules
+    for name in worker.TEST_SUPPORT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert worker._load_test_support() is None
+    assert "pipeline_lib.testing.worker_support" not in sys.modules and "pipeline_lib.testing.faults" not in sys.modules
+
+    def fault_hooks() -> WorkerHooks:
+        additions = worker._load_test_support()(spec, config, ClusterInfo(), dataset)
+        return WorkerHooks(None, extra=additions.hooks, before_result=additions.before_result)
+
     monkeypatch.setenv("TFDAG_FAULT", "raise:worker=1:step=3")
-    assert worker._create_fault_hooks(spec, config, ClusterInfo()) is None  # worker 0: not its fault
+    assert fault_hooks().extra == ()  # worker 0: not its fault
     monkeypatch.setenv("TFDAG_FAULT", "raise:worker=0:step=3")
-    faults = worker._create_fault_hooks(spec, config, ClusterInfo())
-    faults.on_step_end(2)
+    hooks = fault_hooks()
+    hooks.on_step_end(2, 32, 0.5)
     with pytest.raises(sys.modules["pipeline_lib.testing.faults"].FaultInjected, match="raise:worker=0:step=3"):
-        faults.on_step_end(3)
+        hooks.on_step_end(3, 32, 0.5)
 
 
 def test_server_tasks_only_under_parameter_server(tmp_path):
@@ -126,7 +135,7 @@ def test_a_bad_spec_prints_the_traceback_and_exits_1(tmp_path, capsys):
 def _run_worker(spec: WorkerSpec, tmp_path, env: dict | None = None) -> subprocess.CompletedProcess:
     path = tmp_path / "spec.json"
     path.write_text(spec.model_dump_json())
-    environ = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "TFDAG_FAULT")}
+    environ = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", *worker.TEST_SUPPORT_VARIABLES)}
     environ.update(env or {})
     return subprocess.run([sys.executable, "-m", "pipeline_lib.launch.worker", "--spec", str(path)], cwd=REPO_ROOT,
                           env=environ, capture_output=True, text=True, timeout=300, check=False)

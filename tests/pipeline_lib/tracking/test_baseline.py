@@ -7,7 +7,7 @@ import pytest
 from pipeline_lib.config import ConfigError
 from pipeline_lib.data.convert import convert
 from pipeline_lib.data.statistics import load_statistics
-from pipeline_lib.tracking import baseline, run
+from pipeline_lib.tracking import baseline, data_check, run
 from pipeline_lib.tracking.client import create_client
 from tests.pipeline_lib.data.wine_support import write_wine_csv
 from tests.pipeline_lib.tracking.conftest import tracking_config
@@ -29,7 +29,7 @@ def converted(tmp_path_factory):
 def _logged_run(config, schema, statistics, status="FINISHED", artifacts=True) -> str:
     run_id = run.start_run(config, "r")
     if artifacts:
-        run.log_artifacts(run_id, config.mlflow_uri, baseline.baseline_artifacts(schema, statistics))
+        run.log_artifacts(run_id, config.mlflow_uri, data_check.baseline_artifacts(schema, statistics))
     run.finish_run(run_id, config.mlflow_uri, status)
     return run_id
 
@@ -37,7 +37,7 @@ def _logged_run(config, schema, statistics, status="FINISHED", artifacts=True) -
 def test_latest_is_the_newest_finished_run_of_the_pipeline_with_statistics(tmp_path, converted):
     config = tracking_config(tmp_path)
     schema, statistics = converted["wine"]
-    report = baseline.check_data(config, schema, statistics)
+    report = data_check.check_data(config, schema, statistics)
     assert report.anomalies == () and report.baseline.startswith("none: no earlier successful run")
     good = _logged_run(config, schema, statistics)
     _logged_run(config, *converted["scaled"], status="FAILED")  # a failed run is never a baseline
@@ -47,7 +47,7 @@ def test_latest_is_the_newest_finished_run_of_the_pipeline_with_statistics(tmp_p
     found = baseline.find_baseline(config)
     assert found.run_id == good and "latest successful run of pipeline 'demo'" in found.description
     assert baseline.find_baseline(config, exclude_run_id=good) is None
-    scaled = baseline.check_data(config, *converted["scaled"])
+    scaled = data_check.check_data(config, *converted["scaled"])
     assert [a.name for a in scaled.blocking] == ["drift:proline"] and good in scaled.baseline
 
 

@@ -17,7 +17,7 @@ from pipeline_lib.config import (
 from pipeline_lib.data.manifest import SourceFile, SourceFingerprint
 from pipeline_lib.data.sources import source_fingerprint
 from pipeline_lib.evaluation.gate import decide
-from pipeline_lib.tracking import registry
+from pipeline_lib.tracking import registration, registry
 from pipeline_lib.tracking.run import BLESSED_RUN_TAG
 
 # --- the source fingerprint the retrain flow compares ---------------------------------------------------------
@@ -53,19 +53,21 @@ MAX_ACC = GateConfig(metric="accuracy", direction=Direction.MAX)
 
 
 def test_only_a_blessed_model_is_registered_unless_register_is_always():
+    why = registration.why_not_registered
     blessed, refused = decide(0.9, MAX_ACC), decide(0.1, MAX_ACC, champion_value=0.9, champion_version=1)
-    assert registry.registers(RegisterPolicy.BLESSED, blessed) and registry.registers(RegisterPolicy.ALWAYS, blessed)
-    assert not registry.registers(RegisterPolicy.BLESSED, refused)
-    assert registry.registers(RegisterPolicy.ALWAYS, refused)
+    assert why(RegisterPolicy.BLESSED, blessed) is None and why(RegisterPolicy.ALWAYS, blessed) is None
+    assert why(RegisterPolicy.BLESSED, refused) == "not blessed"
+    assert why(RegisterPolicy.ALWAYS, refused) is None
 
 
 def test_a_model_that_failed_the_model_check_is_never_registered():
     from tests.pipeline_lib.evaluation.test_gate import _model_check
 
+    why = registration.why_not_registered
     blessed = decide(0.9, MAX_ACC)
-    assert registry.registers(RegisterPolicy.BLESSED, blessed, _model_check(True))
-    assert not registry.registers(RegisterPolicy.BLESSED, blessed, _model_check(False))
-    assert not registry.registers(RegisterPolicy.ALWAYS, blessed, _model_check(False))
+    assert why(RegisterPolicy.BLESSED, blessed, _model_check(True)) is None
+    assert why(RegisterPolicy.BLESSED, blessed, _model_check(False)) == "the model check failed"
+    assert why(RegisterPolicy.ALWAYS, blessed, _model_check(False)) == "the model check failed"
 
 
 # --- config overrides -----------------------------------------------------------------------------------------
