@@ -10,10 +10,9 @@ What is timed, and why it is honest:
 * Steps/s after shrinking, against the strongest alternative: a fresh, plain (not elastic) run of 2 workers with
   the same global batch (74) started from scratch, over the same window of steps (61 → 150); its input pipeline is
   the usual one, each worker reading its own share, where the elastic one reads every record and keeps its slice.
-  The window starts after the step-60 checkpoint: a process's first checkpoint save costs its chief about 0.2 s of
-  CPU against 0.03-0.06 s for a later one (psutil: 0.23 s at the fresh run's step 20, 0.20-0.21 s at the resumed
-  runs' step 60); the fresh run pays it at step 20, the resumed runs at step 60, so a window from step 60 charged
-  it to the resumed runs only (about 1.8 ms a step over 90 steps: the "2 ms more CPU per step" of a restarted
+  The window starts after the step-60 checkpoint: a process's first checkpoint save (the saver built) costs its
+  chief several times the CPU of a later one; the fresh run pays it at step 20, the resumed runs at step 60, so a
+  window from step 60 would charge it to the resumed runs only (what looked like more CPU per step for a restarted
   chief). It is reported as its own row, and the workers' CPU per step beside the steps/s.
 * Beside it, the same plain 2-worker run with worker 1 SIGKILLed after step 50 and restarted from its step-40
   checkpoint (no elastic, no resize), over the same window: what any restart costs the steps after it.

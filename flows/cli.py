@@ -380,7 +380,7 @@ def entry() -> None:
     """The `tfdag` command: `main()`, then an exit without the interpreter's teardown.
 
     Once TensorFlow is loaded, Python's own finalization (modules, then TensorFlow's C++ statics) takes seconds
-    after the work is done (2.7 s of the demo's wall time here). What must happen at exit still does, in the
+    after the work is done, a large share of a short command's wall time. What must happen at exit still does, in the
     interpreter's own order: `threading._shutdown` (thread pools told to stop, threads that are not daemons
     joined), the atexit handlers (Prefect's log and event drains, logging's flush), then the buffers are flushed
     and the process ends with main()'s exit code."""

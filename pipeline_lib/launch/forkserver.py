@@ -1,6 +1,6 @@
 """Worker processes forked from a process that has already imported TensorFlow: a launch starts in a fraction of a second.
 
-Importing TensorFlow and tfdag's worker takes about 5 s of CPU per process; a local launch of N workers paid it N
+Importing TensorFlow and tfdag's worker takes seconds of CPU per process; a local launch of N workers paid it N
 times per attempt, and a tuning study once per worker of every trial. A `ForkServer` is one long-lived process per
 launcher process (`python -m pipeline_lib.launch.forkserver`) that imports the worker module once, prepares what a
 first training would redo in every child (`training.prefork`: AutoGraph's conversions, lazy imports), puts what it
@@ -266,8 +266,8 @@ def serve(control_fd: int, parent_pid: int) -> None:
     except BaseException as error:  # noqa: BLE001 - told to the launcher, which raises it
         control.send(f"import failed: {error!r}".encode()[:_MESSAGE_MAX])
         return
-    # Out of the collector's reach: a child's first full collection walked these ~400k objects (0.25 s of CPU) and
-    # wrote to every page it read, copying the pages it shares with this process.
+    # Out of the collector's reach: a child's first full collection would walk these hundreds of thousands of
+    # objects and write to every page it read, copying the pages it shares with this process.
     gc.freeze()
     control.send(b"ready")
     children: dict[int, socket.socket] = {}

@@ -34,8 +34,8 @@ _CHECKPOINT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 12
 
 
 # How often an endpoint's thread looks for a shutdown request: `close()` waits up to this long. prometheus_client's
-# `start_http_server` serves at socketserver's default 0.5 s, which the end of every launch waited for (0.27 s of a
-# tuning trial's 4.8 s measured).
+# `start_http_server` serves at socketserver's default 0.5 s poll, which the end of every launch (every tuning trial's
+# too) would wait out.
 _SHUTDOWN_POLL_S = 0.05
 
 

@@ -394,7 +394,7 @@ def launch_training(config: PipelineConfig, manifest: Manifest, plan: ShardPlan,
     This process connects as a Ray driver (it need not run inside the cluster) and supervises the tasks' actors
     to the end. `run_dir` and the dataset should be on an object store every node reaches: a local path is made
     absolute (an actor's working directory is not ours) and only works when every node shares it, as the nodes
-    of `tfdag stack up --ray N` on this machine do.
+    `tfdag stack up --ray N` starts on one host do.
     """
     if storage.is_local(run_dir) or storage.is_local(manifest.dataset_uri):
         logger.warning("train.launcher ray with a local run dir or dataset (%s, %s): every Ray node must see the "

@@ -114,8 +114,8 @@ class WorkerHooks(TrainHooks):
         """A worker process keeps its input iterator until it exits (`main`'s `os._exit`, which never destroys it):
         destroying it waits for its tf.data threads, and one of them could take seconds to end (gdb: the main
         thread in `~RootDataset::Iterator`; by the timing, the autotuner's loop, whose wait doubles up to 60 s as
-        training runs), so a worker outlived its chief by 8-10 s in a third of 1,000-step Ray runs and by over 30 s
-        in a 3,000-step one. Training in the caller's process (`stop` given) releases it, as the default does."""
+        training runs), so a worker could outlive its chief by seconds, more the longer it trained. Training in the
+        caller's process (`stop` given) releases it, as the default does."""
         if self.stop is None:
             _KEPT_UNTIL_EXIT.append(iterator)
         for hook in self.extra:
@@ -310,9 +310,9 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     _die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     quiet_python_loggers()
-    # What the imports made, out of the garbage collector's reach before training: each full collection walked
-    # those ~400k objects again (0.25 s of CPU). A worker forked from the fork server inherits them frozen already;
-    # one the Ray launcher starts in a fresh interpreter freezes them here.
+    # What the imports made, out of the garbage collector's reach before training: otherwise each full collection
+    # walks those hundreds of thousands of objects again. A worker forked from the fork server inherits them frozen
+    # already; one the Ray launcher starts in a fresh interpreter freezes them here.
     gc.freeze()
     return exit_code(lambda: run_worker(load_spec(args.spec), additions_fn=_load_test_support()), _to_stderr)
 

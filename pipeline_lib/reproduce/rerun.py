@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import math
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,7 +28,7 @@ from pipeline_lib.evaluation.consolidation import restore_model
 from pipeline_lib.launch import launchers
 from pipeline_lib.planning.sharding import ShardPlan
 from pipeline_lib.tracking import reproducibility as recorded
-from pipeline_lib.tracking.client import create_client
+from pipeline_lib.tracking.tracker import TrackedRun, TrackingError, open_recorded_run
 
 logger = logging.getLogger(__name__)
 
@@ -97,18 +96,16 @@ class ReproduceOutcome:
         return lines
 
 
-def _download(client, run_id: str, path: str, into: str, *, required: bool = True) -> bytes | None:
+def _download(run: TrackedRun, path: str, *, required: bool = True) -> bytes | None:
     try:
-        local = client.download_artifacts(run_id, path, into)
+        return run.read_artifact(path)
     except Exception as error:
         if not required:
             return None
         raise ReproduceError(
-            f"MLflow run {run_id} has no artifact {path!r} ({type(error).__name__}); it was tracked by a tfdag "
+            f"MLflow run {run.run_id} has no artifact {path!r} ({type(error).__name__}); it was tracked by a tfdag "
             "without `reproduce` records, or the artifact was deleted: rerun the pipeline to get a reproducible run"
         ) from error
-    with open(local, "rb") as handle:
-        return handle.read()
 
 
 def _masked_keys(value: Any, where: str = "") -> list[str]:
@@ -143,20 +140,16 @@ def load_recorded_run(run_id: str, tracking_uri: str) -> RecordedRun:
     Raises:
         ReproduceError: when the run does not exist or lacks a record.
     """
-    client = create_client(tracking_uri)
     try:
-        client.get_run(run_id)
-    except Exception as error:
-        raise ReproduceError(f"MLflow run {run_id!r} was not found at {tracking_uri} ({error}); pass the run id "
-                             "from the MLflow UI and the store it lives in (--tracking-uri)") from error
-    with tempfile.TemporaryDirectory(prefix="tfdag-reproduce-") as into:
-        config = _config_from(_download(client, run_id, recorded.CONFIG_ARTIFACT, into).decode(), run_id)
-        record = recorded.ReproductionRecord.model_validate_json(
-            _download(client, run_id, recorded.RECORD_ARTIFACT, into))
-        manifest = Manifest.model_validate_json(_download(client, run_id, recorded.MANIFEST_ARTIFACT, into))
-        plan = ShardPlan.model_validate_json(_download(client, run_id, recorded.SHARD_PLAN_ARTIFACT, into))
-        weights = recorded.weights_from_npz(_download(client, run_id, recorded.WEIGHTS_ARTIFACT, into))
-        freeze = _download(client, run_id, recorded.PIP_FREEZE_ARTIFACT, into, required=False)
+        run = open_recorded_run(tracking_uri, run_id)
+    except TrackingError as error:
+        raise ReproduceError(str(error)) from error
+    config = _config_from(_download(run, recorded.CONFIG_ARTIFACT).decode(), run_id)
+    record = recorded.ReproductionRecord.model_validate_json(_download(run, recorded.RECORD_ARTIFACT))
+    manifest = Manifest.model_validate_json(_download(run, recorded.MANIFEST_ARTIFACT))
+    plan = ShardPlan.model_validate_json(_download(run, recorded.SHARD_PLAN_ARTIFACT))
+    weights = recorded.weights_from_npz(_download(run, recorded.WEIGHTS_ARTIFACT))
+    freeze = _download(run, recorded.PIP_FREEZE_ARTIFACT, required=False)
     versions = recorded.parse_pip_freeze(freeze.decode()) if freeze else {}
     return RecordedRun(run_id=run_id, config=config, record=record, manifest=manifest, plan=plan, weights=weights,
                        versions=versions)

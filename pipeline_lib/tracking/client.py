@@ -14,8 +14,9 @@ logger = logging.getLogger(__name__)
 
 # MLflow's own limit on a tag value (mlflow.utils.validation).
 MAX_TAG_VALUE = 8000
-# MLflow's HTTP defaults (7 retries, backoff factor 2, 120 s a request) keep a run waiting about 4 minutes on a
-# server that is not there; these end it within about 30 s. A value the user set in the environment wins.
+# MLflow's HTTP defaults (7 retries, backoff factor 2, 120 s a request) keep a run waiting minutes on a server that
+# is not there; these give up after 3 tries of at most 10 s each with short, jittered backoffs, so a stage fails
+# (and its task may retry) instead of hanging. A value the user set in the environment wins.
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                  "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pipeline_lib.config import PipelineConfig
+from pipeline_lib.core.secrets import mask_url_passwords
 from pipeline_lib.tracking import (
     baseline,
     lineage,
@@ -63,7 +64,7 @@ class MlflowRun:
         self.run_id = run_id
 
     def __repr__(self) -> str:
-        return f"MlflowRun({self.run_id!r}, {self.tracker.config.mlflow_uri_shown!r})"
+        return f"MlflowRun({self.run_id!r}, {mask_url_passwords(self._uri)!r})"
 
     @property
     def _uri(self) -> str:
@@ -71,6 +72,9 @@ class MlflowRun:
 
     def end(self, status: RunStatus | str = RunStatus.FINISHED, *, failed_stage: str | None = None) -> None:
         mlflow_run.finish_run(self.run_id, self._uri, status, failed_stage=failed_stage)
+
+    def read_artifact(self, path: str) -> bytes:
+        return mlflow_run.read_artifact(self.run_id, self._uri, path)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         mlflow_run.log_params(self.run_id, self._uri, params)
@@ -210,3 +214,20 @@ class MlflowTracker:
     def log_study(self, run_id: str, optuna_study: optuna.Study, space: Mapping[str, Any], metric: str,
                   best_params: Mapping[str, Any] | None) -> None:
         study.log_study(self.config, run_id, optuna_study, space, metric, best_params)
+
+
+class _RecordedStore:
+    """The store of a run found by its URI alone, with no pipeline config: all an `MlflowRun` reads of its tracker."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+
+
+def recorded_run(tracking_uri: str, run_id: str) -> MlflowRun:
+    """Run `run_id` of the MLflow store at `tracking_uri` (see `tracker.open_recorded_run`)."""
+    try:
+        create_client(tracking_uri).get_run(run_id)
+    except Exception as error:
+        raise TrackingError(f"MLflow run {run_id!r} was not found at {mask_url_passwords(tracking_uri)} ({error}); "
+                            "pass the run id from the MLflow UI and the store it lives in (--tracking-uri)") from error
+    return MlflowRun(_RecordedStore(tracking_uri), run_id)  # type: ignore[arg-type]  # only .uri is read

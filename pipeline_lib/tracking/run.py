@@ -286,6 +286,14 @@ def log_artifacts(run_id: str, tracking_uri: str, files: Mapping[str, str | byte
     logger.info("logged %d artifact(s) to MLflow run %s", len(files), run_id)
 
 
+def read_artifact(run_id: str, tracking_uri: str, path: str) -> bytes:
+    """The content of the run's artifact file `path`."""
+    client = create_client(tracking_uri)
+    with tempfile.TemporaryDirectory(prefix="tfdag-artifact-") as into, \
+            open(client.download_artifacts(run_id, path, into), "rb") as handle:
+        return handle.read()
+
+
 def run_ui_url(tracking_uri: str, run_id: str) -> str | None:
     """The MLflow UI page of a run when the store is an MLflow server (http/https), else None; opened in MLflow's
     model-training view (the UI's default is its GenAI view)."""

@@ -78,6 +78,9 @@ class TrackedRun(Protocol):
     def record_resize(self, number: int, story: str, to_workers: int, step: int) -> None:
         """An elastic run's resize `number` (from → to, at step, reason) and its worker count from `step` on."""
 
+    def read_artifact(self, path: str) -> bytes:
+        """The content of the run's artifact `path` (a file); raises when the run has none."""
+
     def record_workers(self, workers: int, step: int) -> None:
         """An elastic run's training workers from `step` on."""
 
@@ -171,3 +174,16 @@ def open_tracker(config: PipelineConfig) -> Tracker:
     from pipeline_lib.tracking.mlflow_backend import MlflowTracker
 
     return MlflowTracker(config)
+
+
+def open_recorded_run(tracking_uri: str, run_id: str) -> TrackedRun:
+    """A run already in the store at `tracking_uri`, found by its id alone, for reading what it recorded
+    (`tfdag reproduce`: the run's config is one of its artifacts). Raises TrackingError when the store has no such
+    run."""
+    scheme = tracking_uri.partition("://")[0].lower() if "://" in tracking_uri else ""
+    if scheme in TRACKERS:
+        raise TrackingError(f"reading a recorded run by its store's URI alone is MLflow's; {tracking_uri!r} is a "
+                            f"{scheme}:// store: read its runs through open_tracker(config)")
+    from pipeline_lib.tracking.mlflow_backend import recorded_run
+
+    return recorded_run(tracking_uri, run_id)

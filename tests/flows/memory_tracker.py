@@ -126,6 +126,9 @@ class MemoryRun:
             elif content is not None:
                 self.record.artifacts.update({f"{name}/{rel}": data for rel, data in content.items()})
 
+    def read_artifact(self, path: str) -> bytes:
+        return self.record.artifacts[path]
+
     def log_datasets(self, manifest: Any, name: str) -> None:
         self.record.datasets += [f"{name}-{split}" for split in ("train", "eval") if manifest.num_records(split)]
 

@@ -4,6 +4,7 @@ by the in-memory tracker (`tests/flows/memory_tracker.py`) that `register_tracke
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from pipeline_lib.core import events
 from pipeline_lib.tracking import tracker
@@ -27,7 +28,9 @@ def memory_config(tmp_path, **overrides):
 
     config = digits_config(tmp_path, isolation="none", strategy="default", cpu_replicas=None, steps=30,
                            checkpoint_every_steps=15, log_every_steps=10)
-    config["tracking"] = {"mlflow_uri": "memory://tfdag", "experiment": "memory", "registered_model": "digits-mem"}
+    # Registered whatever the gate says, so that the registration is asserted however a 30-step model fares.
+    config["tracking"] = {"mlflow_uri": "memory://tfdag", "experiment": "memory", "registered_model": "digits-mem",
+                          "register": "always"}
     config["evaluation"] = {"metrics": ["loss", "accuracy"], "validate_model": False, **overrides}
     return parse_config(config)
 
@@ -48,12 +51,14 @@ def test_a_pipeline_run_tracked_in_memory(memory_store, tmp_path, prefect_api):
     for artifact in ("config/pipeline.yaml", "data/manifest.json", "reproduce/weights.npz",
                      "evaluation/evaluation.json", "data/statistics.json"):
         assert artifact in run.artifacts, sorted(run.artifacts)
+    recorded = tracker.open_tracker(config).get_run(summary.mlflow_run_id)
+    recorded_config = yaml.safe_load(recorded.read_artifact("config/pipeline.yaml"))
+    assert (recorded_config["name"], recorded_config["tracking"]["mlflow_uri"]) == (config.name, "memory://tfdag")
     assert run.tags["tfdag.blessed"] == str(summary.blessed).lower()
     assert run.datasets == [f"{config.name}-train", f"{config.name}-eval"]
-    if summary.blessed:
-        [version] = memory_store.versions["digits-mem"]
-        assert summary.model_version == "1" and version.run_id == summary.mlflow_run_id
-        assert version.tags["blessed"] == "true"
+    [version] = memory_store.versions["digits-mem"]
+    assert summary.model_version == "1" and version.run_id == summary.mlflow_run_id
+    assert version.tags["blessed"] == str(summary.blessed).lower()
 
     record = read_stage_record(summary.run_dir)
     assert record is not None and record.tracking_run_id == summary.mlflow_run_id
