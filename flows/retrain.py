@@ -28,11 +28,13 @@ from flows.pipeline import (
     run_pipeline,
 )
 from pipeline_lib.config import ConfigError, PipelineConfig, resolve_config
+from pipeline_lib.config.overrides import apply_overrides
 from pipeline_lib.config.pipeline import is_inline
 from pipeline_lib.core.secrets import mask_secrets
 from pipeline_lib.data import demo as demo_data
 from pipeline_lib.evaluation.report import GateDecision
-from pipeline_lib.tracking import registry
+from pipeline_lib.tracking.registration import check_for_new_data
+from pipeline_lib.tracking.tracker import CONFIG_HASH_TAG, FINGERPRINT_TAG
 from tasks.lifecycle import tracked_run
 from tasks.retrain import (
     find_champion,
@@ -93,7 +95,7 @@ def load_retrain_config(params: RetrainParameters) -> PipelineConfig:
     given = resolve_config(params.config)
     config = given
     if params.overrides:
-        config = registry.apply_overrides(config, params.overrides, source=f"overrides of {params.config}")
+        config = apply_overrides(config, params.overrides, source=f"overrides of {params.config}")
     inline = is_inline(params.config)
     found = [where for where in config.literal_secrets()
              if inline or any(where == key or where.startswith((f"{key}.", f"{key}[")) for key in params.overrides)]
@@ -163,7 +165,7 @@ def retrain(params: RetrainParameters = DEFAULT_PARAMETERS):
         champion = find_champion(config)
         config_hash = config.config_hash()
         latest, refused_run = find_last_attempt(config, fingerprint, config_hash)
-        check = registry.check_for_new_data(fingerprint, config_hash, champion, latest, refused_run)
+        check = check_for_new_data(fingerprint, config_hash, champion, latest, refused_run)
         champion_version = champion.version if champion else None
         if not check.train and not params.force:
             logger.info(check.message)
@@ -179,10 +181,10 @@ def retrain(params: RetrainParameters = DEFAULT_PARAMETERS):
         if params.warm_start and champion is not None:
             lifecycle("prepare_warm_start")
             uri = prepare_warm_start(config, champion)
-            train_config = registry.apply_overrides(config, {"train.warm_start_uri": uri},
+            train_config = apply_overrides(config, {"train.warm_start_uri": uri},
                                                     source="the champion's warm start")
         lifecycle("training-pipeline")
-        tags = {registry.FINGERPRINT_TAG: fingerprint.sha256, registry.CONFIG_HASH_TAG: config_hash,
+        tags = {FINGERPRINT_TAG: fingerprint.sha256, CONFIG_HASH_TAG: config_hash,
                 RETRAIN_RUN_TAG: str(runtime.flow_run.id or "")}
         summary = challenger_pipeline(train_config, tags)
         lifecycle.adopt_run(summary.mlflow_run_id)

@@ -25,8 +25,7 @@ from flows.pipeline import (
 )
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.config.tune_space import tune_of
-from pipeline_lib.tracking import study as study_tracking
-from pipeline_lib.tracking.tracker import open_tracker
+from pipeline_lib.tracking.tracker import PARENT_TAG, STUDY_TAG, TRIAL_TAG, open_tracker
 from pipeline_lib.training import strategy
 from pipeline_lib.tuning.study import study_name
 from tasks import stages
@@ -78,7 +77,7 @@ def _tune(config: PipelineConfig, progress: RunLifecycle, logger) -> TuneSummary
     study = study_name(config)
     # One parent run per study: a rerun after a crash finds the RUNNING one by name and goes on logging to it.
     run_name = f"{config.name}-{study}-study"
-    tags = run_tags(run_name, {study_tracking.STUDY_TAG: study})
+    tags = run_tags(run_name, {STUDY_TAG: study})
     prepared = prepare(config, progress, run_name, tags)
     progress("run_trials")
     result = run_trials(config, prepared.manifest, prepared.run_id)
@@ -102,8 +101,8 @@ def _tune(config: PipelineConfig, progress: RunLifecycle, logger) -> TuneSummary
         progress("start_tracking_run")
         trial_run_id = open_tracker(config).find_trial_run(prepared.run_id, best.number)
         model_run_id = stages.start_tracking_run(best_config, model_run_name, {
-            **tags, "tfdag_run_name": model_run_name, study_tracking.PARENT_TAG: prepared.run_id,
-            study_tracking.TRIAL_TAG: str(best.number), "tfdag.tune.trial_run_id": trial_run_id or ""})
+            **tags, "tfdag_run_name": model_run_name, PARENT_TAG: prepared.run_id,
+            TRIAL_TAG: str(best.number), "tfdag.tune.trial_run_id": trial_run_id or ""})
         model_run = open_tracker(best_config).get_run(model_run_id)
     with progress.nested_run(model_run):
         model = finish_model(best_config, progress, prepared, plan, result.best_result, model_run_name, best.run_dir,

@@ -13,8 +13,8 @@ from pipeline_lib.data.manifest import Manifest, SourceFingerprint
 from pipeline_lib.data.sources import source_fingerprint
 from pipeline_lib.evaluation import metrics as evaluation
 from pipeline_lib.evaluation.report import EvalReport, GateDecision
-from pipeline_lib.tracking import registry
 from pipeline_lib.tracking.tracker import VersionInfo, open_tracker
+from pipeline_lib.training.warm_start import write_warm_start_checkpoint
 from tasks.retry import transient_retries
 
 
@@ -50,7 +50,7 @@ def prepare_warm_start(config: PipelineConfig, champion: VersionInfo) -> str:
     target = storage.join(config.output_root, "warm_start", f"{champion.name}-v{champion.version}")
     with tempfile.TemporaryDirectory(prefix="tfdag-champion-") as tmp:
         keras_path = open_tracker(config).download_keras_model(champion.name, champion.version, tmp)
-        prefix = registry.write_warm_start_checkpoint(keras_path, target, config.storage_options)
+        prefix = write_warm_start_checkpoint(keras_path, target, config.storage_options)
     get_run_logger().info("warm start from %s version %d: %s", champion.name, champion.version, prefix)
     return prefix
 

@@ -21,6 +21,11 @@ SCHEMA_ARTIFACT = "data/schema.json"
 FINGERPRINT_TAG = "tfdag.source_fingerprint"
 CONFIG_HASH_TAG = "tfdag.config_hash"
 BLESSED_TAG = "blessed"
+# A tuning study's runs: the study, the trial, and the run a trial's (or the best model's) run is nested under
+# (MLflow's own tag: its UI nests the run under its parent).
+STUDY_TAG = "tfdag.tune.study"
+TRIAL_TAG = "tfdag.tune.trial"
+PARENT_TAG = "mlflow.parentRunId"
 
 
 class TrackingError(UserError, RuntimeError):

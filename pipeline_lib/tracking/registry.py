@@ -5,14 +5,7 @@ from __future__ import annotations
 import glob as _glob
 import logging
 import os
-import tempfile
-from collections.abc import Mapping
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
-from pipeline_lib.config import ConfigError, PipelineConfig, parse_config
-from pipeline_lib.core import storage
 from pipeline_lib.core.errors import TfdagError
 from pipeline_lib.data.manifest import SourceFingerprint
 from pipeline_lib.evaluation.report import GateDecision
@@ -74,16 +67,6 @@ def latest_version(tracking_uri: str, model_name: str) -> VersionInfo | None:
     return get_version(tracking_uri, model_name, newest.version)
 
 
-class TrainCheck(BaseModel):
-    """Whether the retrain flow trains, and the message when it does not."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    train: bool
-    message: str
-    version: int | None = None  # the version whose data matches, when skipping
-
-
 def last_refused_run(tracking_uri: str, experiment: str, fingerprint: SourceFingerprint,
                      config_hash: str) -> str | None:
     """The newest MLflow run that trained on exactly this data and config and was not blessed, or None.
@@ -99,40 +82,6 @@ def last_refused_run(tracking_uri: str, experiment: str, fingerprint: SourceFing
         filter_string=(f"tags.`{BLESSED_RUN_TAG}` = 'false' and tags.`{FINGERPRINT_TAG}` = '{fingerprint.sha256}' "
                        f"and tags.`{CONFIG_HASH_TAG}` = '{config_hash}'"))
     return runs[0].info.run_id if runs else None
-
-
-def check_for_new_data(fingerprint: SourceFingerprint, config_hash: str, champion: VersionInfo | None,
-                       latest: VersionInfo | None, refused_run_id: str | None = None) -> TrainCheck:
-    """Train when the data differs from the champion's (and from a refused challenger's of the same config).
-
-    `fingerprint` is `data.sources.source_fingerprint(config.data)`: the source files' paths, sizes and mtimes or
-    etags (a listing, no content read) with the conversion settings, the same value the manifest records.
-
-    A challenger refused on exactly this data and config would be retrained to the same refusal every night,
-    so that case is skipped as well (`latest` when it was registered, else `refused_run_id`, from
-    `last_refused_run`); change the data or the config (or pass `force`) to try again.
-    """
-    short = fingerprint.sha256[:12]
-    if champion is not None and champion.source_fingerprint == fingerprint.sha256:
-        return TrainCheck(train=False, version=champion.version,
-                          message=f"no new data since version {champion.version} (the champion; source "
-                                  f"fingerprint {short}, {len(fingerprint.files)} file(s))")
-    if (latest is not None and latest.blessed is False and latest.source_fingerprint == fingerprint.sha256
-            and latest.tags.get(CONFIG_HASH_TAG) == config_hash):
-        return TrainCheck(train=False, version=latest.version,
-                          message=f"no new data since version {latest.version}, which was not promoted with this "
-                                  f"same config (source fingerprint {short}); change the data or the "
-                                  "config, or pass force=true, to train again")
-    if refused_run_id is not None:
-        return TrainCheck(train=False,
-                          message=f"no new data since MLflow run {refused_run_id}, whose model was not blessed with "
-                                  f"this same config (source fingerprint {short}); change the data or the config, "
-                                  "or pass force=true, to train again")
-    if champion is None:
-        return TrainCheck(train=True, message="no champion yet: training the first model")
-    seen = champion.source_fingerprint[:12] if champion.source_fingerprint else "untagged"
-    return TrainCheck(train=True, message=f"new data: source fingerprint {short} differs from the "
-                                          f"champion's (version {champion.version}, {seen})")
 
 
 def record_decision(tracking_uri: str, model_name: str, challenger_version: int | str, decision: GateDecision, *,
@@ -194,56 +143,3 @@ def download_keras_model(tracking_uri: str, model_name: str, version: int | str,
             "retrain compares against versions that tfdag registered (tracking.model_logging.log_and_register_model)"
         )
     return found[0]
-
-
-def write_warm_start_checkpoint(keras_path: str, target_uri: str,
-                                storage_options: dict[str, Any] | None = None) -> str:
-    """Save a model's weights as a `tf.train.Checkpoint(model=...)`, the form `train.warm_start_uri` reads.
-
-    Args:
-        keras_path: the champion's `.keras` file.
-        target_uri: a directory URI (under output_root, so every worker can read it).
-        storage_options: fsspec options for the target.
-
-    Returns:
-        The checkpoint prefix to put in `train.warm_start_uri`.
-    """
-    import keras
-    import tensorflow as tf
-
-    from pipeline_lib.training import preprocessing  # noqa: F401  (registers the layers load_model needs)
-
-    model = keras.saving.load_model(keras_path, compile=False)
-    if storage.is_local(target_uri):
-        directory = storage.local_path(target_uri)
-        os.makedirs(directory, exist_ok=True)
-        return tf.train.Checkpoint(model=model).write(os.path.join(directory, "weights"))
-    fs, path = storage.get_fs(target_uri, storage_options)
-    with tempfile.TemporaryDirectory(prefix="tfdag-warm-") as tmp:
-        tf.train.Checkpoint(model=model).write(os.path.join(tmp, "weights"))
-        storage.upload_tree(tmp, fs, path)
-    return storage.join(target_uri, "weights")
-
-
-def apply_overrides(config: PipelineConfig, overrides: Mapping[str, Any], source: str = "overrides") -> PipelineConfig:
-    """A copy of the config with dotted-key values replaced, validated again.
-
-    Example: `{"train.steps": 1, "evaluation.gate.threshold": None}`.
-
-    Raises:
-        ConfigError: naming the key when it does not exist or its value is invalid.
-    """
-    data = config.revealed()  # re-validated in this process: a literal secret must stay usable
-    for dotted, value in overrides.items():
-        parts = dotted.split(".")
-        node = data
-        for i, part in enumerate(parts[:-1]):
-            child = node.get(part) if isinstance(node, dict) else None
-            if not isinstance(child, dict):
-                raise ConfigError(
-                    f"{source} key {dotted!r}: {'.'.join(parts[:i + 1])} is not a config section; "
-                    "use dotted keys of the pipeline YAML such as train.steps or evaluation.gate.threshold"
-                )
-            node = child
-        node[parts[-1]] = value
-    return parse_config(data, source=source)

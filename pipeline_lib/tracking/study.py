@@ -19,15 +19,13 @@ from matplotlib.figure import Figure
 
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.tracking import run as tracking
+from pipeline_lib.tracking.records import PARENT_TAG, STUDY_TAG, TRIAL_TAG
 
 if TYPE_CHECKING:
     import optuna
 
 logger = logging.getLogger(__name__)
 
-PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag: the UI nests the run under its parent
-TRIAL_TAG = "tfdag.tune.trial"
-STUDY_TAG = "tfdag.tune.study"
 STATE_TAG = "tfdag.tune.state"
 PARAM_PREFIX = "tune."
 HISTORY_PLOT = "tune/optimization_history.png"

@@ -174,7 +174,7 @@ def test_a_metric_that_does_not_fit_the_task_is_a_config_error(tmp_path, task, e
 
 
 def test_derived_defaults_round_trip_through_every_dump_and_follow_a_task_override():
-    from pipeline_lib.tracking.registry import apply_overrides
+    from pipeline_lib.config.overrides import apply_overrides
 
     regression = PipelineConfig.model_validate(REGRESSION)
     dumped = yaml.safe_load(regression.masked_yaml())

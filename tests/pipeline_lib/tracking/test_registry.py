@@ -14,11 +14,14 @@ from pipeline_lib.config import (
     RegisterPolicy,
     parse_config,
 )
+from pipeline_lib.config.overrides import apply_overrides
 from pipeline_lib.data.manifest import SourceFile, SourceFingerprint
 from pipeline_lib.data.sources import source_fingerprint
 from pipeline_lib.evaluation.gate import decide
 from pipeline_lib.tracking import registration, registry
+from pipeline_lib.tracking.registration import check_for_new_data
 from pipeline_lib.tracking.run import BLESSED_RUN_TAG
+from pipeline_lib.training.warm_start import write_warm_start_checkpoint
 
 # --- the source fingerprint the retrain flow compares ---------------------------------------------------------
 
@@ -78,7 +81,7 @@ def _config(**tracking):
 
 
 def test_overrides_replace_dotted_keys_and_validate():
-    config = registry.apply_overrides(_config(), {"train.steps": 1, "evaluation.gate.threshold": None,
+    config = apply_overrides(_config(), {"train.steps": 1, "evaluation.gate.threshold": None,
                                                   "model.params.hidden_units": [4]})
     assert config.train.steps == 1 and config.evaluation.gate.threshold is None
     assert config.model.params == {"hidden_units": [4]}
@@ -86,11 +89,11 @@ def test_overrides_replace_dotted_keys_and_validate():
 
 def test_overrides_name_a_bad_key_and_value():
     with pytest.raises(ConfigError, match=r"train.stepz in overrides is not a known key"):
-        registry.apply_overrides(_config(), {"train.stepz": 1})
+        apply_overrides(_config(), {"train.stepz": 1})
     with pytest.raises(ConfigError, match=r"train.steps \(0\) in overrides"):
-        registry.apply_overrides(_config(), {"train.steps": 0})
+        apply_overrides(_config(), {"train.steps": 0})
     with pytest.raises(ConfigError, match=r"name is not a config section"):
-        registry.apply_overrides(_config(), {"name.x": 0})
+        apply_overrides(_config(), {"name.x": 0})
 
 
 # --- the MLflow registry (a real sqlite store) ----------------------------------------------------------------
@@ -157,22 +160,22 @@ def test_record_decision_tags_both_scores_and_moves_the_alias_only_when_blessed(
 def test_check_for_new_data_skips_the_champions_data_and_a_refused_retry(store):
     uri, _client, new_version = store
     fp_a, fp_b = _fingerprint("a" * 64), _fingerprint("b" * 64)
-    check = registry.check_for_new_data(fp_a, "h", None, None)
+    check = check_for_new_data(fp_a, "h", None, None)
     assert check.train and "no champion yet" in check.message
 
     registry.record_decision(uri, "m", new_version(), decide(0.8, MAX_ACC),
                              fingerprint=fp_a, config_hash="h")
     champion = registry.get_champion(uri, "m")
-    check = registry.check_for_new_data(fp_a, "h", champion, registry.latest_version(uri, "m"))
+    check = check_for_new_data(fp_a, "h", champion, registry.latest_version(uri, "m"))
     assert not check.train and check.message.startswith("no new data since version 1")
 
     registry.record_decision(uri, "m", new_version(), decide(0.1, MAX_ACC, champion_value=0.8, champion_version=1),
                              fingerprint=fp_b, config_hash="h")
     latest = registry.latest_version(uri, "m")
-    check = registry.check_for_new_data(fp_b, "h", champion, latest)
+    check = check_for_new_data(fp_b, "h", champion, latest)
     assert not check.train and check.version == 2 and "not promoted" in check.message
-    assert registry.check_for_new_data(fp_b, "other-config", champion, latest).train
-    assert registry.check_for_new_data(_fingerprint("c" * 64), "h", champion, latest).train
+    assert check_for_new_data(fp_b, "other-config", champion, latest).train
+    assert check_for_new_data(_fingerprint("c" * 64), "h", champion, latest).train
 
 
 def test_a_refused_run_that_registered_nothing_is_not_retrained_on_the_same_data(store):
@@ -189,7 +192,7 @@ def test_a_refused_run_that_registered_nothing_is_not_retrained_on_the_same_data
     refused = registry.last_refused_run(uri, "registry-test", fp, "h")
     assert refused == run.info.run_id
     assert registry.last_refused_run(uri, "registry-test", fp, "other-config") is None
-    check = registry.check_for_new_data(fp, "h", None, None, refused)
+    check = check_for_new_data(fp, "h", None, None, refused)
     assert not check.train and run.info.run_id in check.message and "not blessed" in check.message
 
 
@@ -208,7 +211,7 @@ def test_warm_start_checkpoint_restores_into_a_freshly_built_model(tmp_path, sha
     keras_path = str(tmp_path / "champion.keras")
     champion.save(keras_path)
 
-    prefix = registry.write_warm_start_checkpoint(keras_path, str(tmp_path / "warm"))
+    prefix = write_warm_start_checkpoint(keras_path, str(tmp_path / "warm"))
     keras.utils.set_random_seed(2)
     fresh = models.create_model(model_config, shared_manifest.feature_schema)
     assert not all(np.allclose(a, b) for a, b in zip(champion.get_weights(), fresh.get_weights()))
