@@ -13,7 +13,6 @@ from pipeline_lib.cluster.report import (
     Finding,
     clip,
     error,
-    format_findings,
     warning,
 )
 from pipeline_lib.config import Strategy, strategy_for_cluster
@@ -348,19 +347,4 @@ def check_tf_config(text: str, strategy: Strategy | str, source: str = "TF_CONFI
         return findings
     for rule in TF_CONFIG_RULES:
         findings.extend(rule(parsed))
-    return findings
-
-
-def validate_tf_config(text: str, strategy: Strategy | str, source: str = "TF_CONFIG") -> list[Finding]:
-    """Like `check_tf_config`, but raise when any finding is an error.
-
-    Returns:
-        The warnings.
-
-    Raises:
-        ClusterConfigError: listing every error (and warning) finding.
-    """
-    findings = check_tf_config(text, strategy, source)
-    if any(f.level == "error" for f in findings):
-        raise ClusterConfigError(format_findings(findings, source), findings)
     return findings

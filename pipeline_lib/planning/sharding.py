@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import heapq
 import logging
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -300,20 +299,3 @@ def plan_to_markdown(plan: ShardPlan, max_files: int = 4) -> str:
     if plan.warnings:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in plan.warnings]
     return "\n".join(lines) + "\n"
-
-
-def plan_params(plan: ShardPlan) -> dict[str, Any]:
-    """A flat summary of the plan for MLflow params (`shard_*` names, plus the step counts)."""
-    files = {path for assignment in plan.assignments for path in assignment.files}
-    return {
-        "shard_policy": plan.policy.value,
-        "shard_num_workers": plan.num_workers,
-        "shard_num_files": len(files),
-        "shard_replicas_per_worker": plan.replicas_per_worker,
-        "shard_imbalance_ratio": round(plan.imbalance_ratio, 4),
-        "shard_num_warnings": len(plan.warnings),
-        "global_batch_size": plan.global_batch_size,
-        "steps_per_epoch": plan.steps_per_epoch,
-        "total_steps": plan.total_steps,
-        "epochs": plan.epochs,
-    }

@@ -7,11 +7,10 @@ import json
 import pytest
 
 from pipeline_lib.cluster.address import split_address
-from pipeline_lib.cluster.report import ClusterConfigError
+from pipeline_lib.cluster.report import ClusterConfigError, format_findings
 from pipeline_lib.cluster.tf_config import (
     TF_CONFIG_RULES,
     check_tf_config,
-    validate_tf_config,
 )
 from pipeline_lib.config import Strategy
 from tests.pipeline_lib.cluster.tf_config_cases import MWMS, PS, TWO_WORKERS, tf_config
@@ -121,7 +120,6 @@ VALID = [
 @pytest.mark.parametrize("text, strategy", VALID)
 def test_valid_configs_pass(text, strategy):
     assert check_tf_config(text, strategy) == []
-    assert validate_tf_config(text, strategy) == []
 
 
 def test_auto_with_ps_job_gets_the_parameter_server_rules():
@@ -129,17 +127,16 @@ def test_auto_with_ps_job_gets_the_parameter_server_rules():
     assert [f.rule for f in findings] == ["ps_without_coordinator"]
 
 
-def test_validate_tf_config_raises_listing_every_error_and_returns_warnings():
+def test_the_findings_list_every_error_and_the_warnings():
     text = tf_config({"worker": ["host-a", "host-a:0"], "master": ["m:1"]}, index=5)
-    with pytest.raises(ClusterConfigError) as error:
-        validate_tf_config(text, MWMS, source="tf_config.json")
-    message = str(error.value)
+    findings = check_tf_config(text, MWMS, source="tf_config.json")
+    message = format_findings(findings, "tf_config.json")
     assert message.startswith("tf_config.json has 4 error(s)")
     for rule in ("unknown_job", "address_without_port", "port_out_of_range", "task_index_out_of_range"):
         assert f"[{rule}]" in message
     assert "tf_config.json of worker 5" in message
-    assert {f.rule for f in error.value.findings} >= {"unknown_job", "task_index_out_of_range"}
-    warnings = validate_tf_config(tf_config(TWO_WORKERS), Strategy.DEFAULT)
+    assert {f.rule for f in findings} >= {"unknown_job", "task_index_out_of_range"}
+    warnings = check_tf_config(tf_config(TWO_WORKERS), Strategy.DEFAULT)
     assert [w.rule for w in warnings] == ["tf_config_with_local_strategy"]
 
 

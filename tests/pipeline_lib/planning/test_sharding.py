@@ -18,7 +18,6 @@ from pipeline_lib.data.manifest import (
 from pipeline_lib.planning.sharding import (
     AutoShardPolicy,
     PlanError,
-    plan_params,
     plan_shards,
     plan_to_markdown,
 )
@@ -187,7 +186,7 @@ def test_many_files_over_many_workers_balance():
     assert result.steps_per_epoch == min(a.num_records for a in result.assignments) // 32
 
 
-def test_markdown_and_params():
+def test_markdown():
     result = plan([100, 90, 80, 70, 60], num_workers=2, batch=4)
     text = plan_to_markdown(result, max_files=2)
     assert plan_to_markdown(result) == result.to_markdown()
@@ -196,10 +195,6 @@ def test_markdown_and_params():
     assert "… and 1 more" in text
     for assignment in result.assignments:
         assert f"| {assignment.worker_index} | {len(assignment.files)} | {assignment.num_records} |" in text
-    params = plan_params(result)
-    assert params["shard_policy"] == "file"
-    assert params["shard_num_files"] == 5
-    assert params["steps_per_epoch"] == result.steps_per_epoch
     warned = plan([1000, 10, 10, 10], num_workers=2)
     assert "## Warnings" in plan_to_markdown(warned)
 
