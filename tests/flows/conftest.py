@@ -110,8 +110,11 @@ def retrain_scenario(tfdag_stack, tmp_path_factory) -> RetrainScenario:
         "data": {"source": str(source), "format": "csv", "label": "target", "target_shard_mb": 0.25},
         "output_root": str(work / "out"),
         "model": {"factory": "mlp", "params": {"hidden_units": [64]}},
-        "train": {"strategy": "default", "per_replica_batch_size": 32, "base_learning_rate": 0.003,
-                  "epochs": 1, "checkpoint_every_steps": 20, "log_every_steps": 10, "seed": 3},
+        # Trained in the flow-run's own process (isolation none, no worker process importing TensorFlow again): the
+        # scenario is about promoting, skipping and refusing; the worker process is test_pipeline_flow.py's.
+        "train": {"strategy": "default", "isolation": "none", "per_replica_batch_size": 32,
+                  "base_learning_rate": 0.003, "epochs": 1, "checkpoint_every_steps": 20, "log_every_steps": 10,
+                  "seed": 3},
         # No model check (a fresh interpreter importing TensorFlow and MLflow, about 8 CPU-s a run): nothing of the
         # scenario asserts it, and the retrain flow trains through the same run_pipeline as digits_run, which keeps it.
         "evaluation": {"metrics": ["loss", "accuracy", "auc"],

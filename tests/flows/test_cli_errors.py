@@ -3,6 +3,7 @@ code 2."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -53,24 +54,67 @@ def _assert_one_line_user_error(out: subprocess.CompletedProcess, *expected: str
     return last
 
 
-def test_a_model_factory_that_cannot_be_imported_is_one_line_before_anything_runs(tmp_path):
-    out = _run(tmp_path, _config(tmp_path, model={"factory": "nosuchpkg.models:build"}))
-    _assert_one_line_user_error(out, "model.factory 'nosuchpkg.models:build'", "PYTHONPATH")
-    assert not (tmp_path / "out").exists(), "nothing may be written before the input is checked"
+# `tfdag run`'s main() on several configs in one interpreter (one TensorFlow import, not one per config): each
+# config its own call, its own environment, its own stdout and stderr (the logging handler writes to the stderr of
+# the call running), its own exit code. The input errors before anything runs are independent of each other.
+_RUN_EACH = """
+import contextlib, io, json, logging, os, sys
+
+class _CurrentStderr:
+    def write(self, text): return sys.stderr.write(text)
+    def flush(self): sys.stderr.flush()
+
+logging.basicConfig(stream=_CurrentStderr(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+from flows.cli import main
+
+results = []
+for path, env in json.loads(sys.argv[1]):
+    saved = dict(os.environ)
+    os.environ.update(env)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["run", path])
+    os.environ.clear()
+    os.environ.update(saved)
+    results.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(results))
+"""
 
 
-def test_a_bad_tf_config_is_one_line_before_anything_runs(tmp_path):
-    out = _run(tmp_path, _config(tmp_path, train={"strategy": "multi_worker_mirrored"}),
-               env={"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1"]}, "task": {"type": "worker", "index": 0}}'})
-    _assert_one_line_user_error(out, "127.0.0.1", "port")
-    assert not (tmp_path / "out").exists()
+def _run_each(cases: list[tuple[Path, dict, dict[str, str]]]) -> list[subprocess.CompletedProcess]:
+    """`tfdag run` on each (folder, config, environment), in one process (_RUN_EACH): a CompletedProcess per case."""
+    arguments = []
+    for folder, config, env in cases:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "pipeline.yaml"
+        path.write_text(yaml.safe_dump(config))
+        arguments.append([str(path), env])
+    environ = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    done = subprocess.run([sys.executable, "-c", _RUN_EACH, json.dumps(arguments)], cwd=ROOT, env=environ,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    return [subprocess.CompletedProcess([], code, stdout, stderr)
+            for code, stdout, stderr in json.loads(done.stdout.strip().splitlines()[-1])]
 
 
-def test_a_missing_source_and_an_unset_variable_are_one_line_each(tmp_path):
-    out = _run(tmp_path, _config(tmp_path, data={"source": str(tmp_path / "nowhere.csv")}))
-    _assert_one_line_user_error(out, "data.source", "nowhere.csv", "tfdag demo-data")
-    out = _run(tmp_path, _config(tmp_path, data={"storage_options": {"key": "${TFDAG_TEST_UNSET_KEY}"}}))
-    _assert_one_line_user_error(out, "TFDAG_TEST_UNSET_KEY", "export TFDAG_TEST_UNSET_KEY")
+def test_an_unimportable_factory_a_bad_tf_config_a_missing_source_and_an_unset_variable_are_one_line_each(tmp_path):
+    """Each stops `tfdag run` with one line before anything runs (nothing written under output_root)."""
+    factory, tf_config, missing, unset = (tmp_path / name for name in ("factory", "tf_config", "missing", "unset"))
+    for folder in (factory, tf_config, missing, unset):
+        folder.mkdir()
+    bad_tf_config = '{"cluster": {"worker": ["127.0.0.1"]}, "task": {"type": "worker", "index": 0}}'
+    outs = _run_each([
+        (factory, _config(factory, model={"factory": "nosuchpkg.models:build"}), {}),
+        (tf_config, _config(tf_config, train={"strategy": "multi_worker_mirrored"}), {"TF_CONFIG": bad_tf_config}),
+        (missing, _config(missing, data={"source": str(tmp_path / "nowhere.csv")}), {}),
+        (unset, _config(unset, data={"storage_options": {"key": "${TFDAG_TEST_UNSET_KEY}"}}), {}),
+    ])
+    _assert_one_line_user_error(outs[0], "model.factory 'nosuchpkg.models:build'", "PYTHONPATH")
+    _assert_one_line_user_error(outs[1], "127.0.0.1", "port")
+    _assert_one_line_user_error(outs[2], "data.source", "nowhere.csv", "tfdag demo-data")
+    _assert_one_line_user_error(outs[3], "TFDAG_TEST_UNSET_KEY", "export TFDAG_TEST_UNSET_KEY")
+    for folder in (factory, tf_config):
+        assert not (folder / "out").exists(), "nothing may be written before the input is checked"
 
 
 def test_a_label_with_one_value_stops_tfdag_train_as_one_line_before_training(tmp_path):

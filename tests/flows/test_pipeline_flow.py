@@ -179,10 +179,13 @@ def test_a_model_the_gate_refuses_is_not_registered_and_tfdag_run_exits_3(tmp_pa
     from mlflow.tracking import MlflowClient
     from prefect.client.orchestration import get_client
 
-    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=1)
+    # Training in the CLI's own process and no model check (the check is the shared run's and the broken-export
+    # test's): what is asserted here is the gate's refusal on every surface, not the worker or the check.
+    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=1, isolation="none")
     data["name"] = "digits-not-blessed"
     data["tracking"]["registered_model"] = "digits-not-blessed"
     data["evaluation"]["gate"] = {"metric": "accuracy", "threshold": 0.9999}
+    data["evaluation"]["validate_model"] = False
     path = tmp_path / "digits.yaml"
     path.write_text(yaml.safe_dump(data))
     out = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(path), "--json"], cwd=ROOT, check=False,
@@ -218,10 +221,13 @@ def test_register_always_registers_a_refused_model_tagged_blessed_false_without_
 
     from flows.pipeline import training_pipeline
 
-    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=1)
+    # In process, no model check: the register policy is what is tested (the gate-refuses test above proves the
+    # same refusal under `register: blessed`).
+    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=1, isolation="none")
     data["name"] = data["tracking"]["registered_model"] = "digits-register-always"
     data["tracking"]["register"] = "always"
     data["evaluation"]["gate"] = {"metric": "accuracy", "threshold": 0.9999}
+    data["evaluation"]["validate_model"] = False
     config = parse_config(data)
     summary = training_pipeline(config)  # the in-process call still returns the summary
 
@@ -247,7 +253,8 @@ def test_a_model_whose_export_does_not_load_is_not_blessed_nor_registered_even_w
     from flows.pipeline import NOT_BLESSED_STATE, final_state, training_pipeline
     from pipeline_lib.testing.export_faults import breaking_exports
 
-    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=1)
+    # Trained in the flow's own process (isolation none): the model check, not the worker, is under test.
+    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, epochs=1, isolation="none")
     data["name"] = data["tracking"]["registered_model"] = "digits-broken-export"
     data["tracking"]["register"] = "always"
     config = parse_config(data)
@@ -421,6 +428,7 @@ def test_an_elastic_shrink_a_restart_and_a_fault_after_the_final_checkpoint_show
                          checkpoint_every_steps=20,
                          restart_backoff_s=0.1, elastic={"min_workers": 1, "wait_s": 0.5})
     data["name"] = "digits-restart"
+    data["evaluation"]["validate_model"] = False  # the model check is the shared run's; restarts are tested here
     config = parse_config(data)
     with local_nodes(nodes):
         summary = training_pipeline(config)

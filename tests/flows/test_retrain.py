@@ -160,7 +160,8 @@ def test_a_failure_after_the_training_subflow_ends_the_challengers_mlflow_run_fa
         "data": {"source": str(raw), "label": "target", "target_shard_mb": 0.25},
         "output_root": str(tmp_path / "out"),
         "model": {"factory": "mlp", "params": {"hidden_units": [16]}},
-        "train": {"strategy": "default", "per_replica_batch_size": 64, "steps": 5, "checkpoint_every_steps": 5},
+        "train": {"strategy": "default", "isolation": "none", "per_replica_batch_size": 64, "steps": 5,
+                  "checkpoint_every_steps": 5},
         # 5 steps do not beat the majority class; this test is about a failure after the gate blessed the model.
         "evaluation": {"gate": {"metric": "accuracy", "threshold": None, "beat_baseline": False}},
         "tracking": {"experiment": "retrain-failure", "registered_model": "digits-retrain-failure"},

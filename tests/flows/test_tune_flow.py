@@ -1,4 +1,4 @@
-"""`tfdag tune`, the tune-pipeline flow, end to end on the session's stack: a 10-trial digits study two trials at a
+"""`tfdag tune`, the tune-pipeline flow, end to end on the session's stack: a 6-trial digits study two trials at a
 time, with pruning; its MLflow runs and Prefect artifacts; a study killed mid-way and resumed; a Hyperband study in a
 PostgreSQL database whose best model fails the gate."""
 
@@ -23,6 +23,8 @@ from tests.postgres import postgres_bin_dir, postgres_cluster
 from tests.servers import ROOT, RunningStack
 
 STEPS = 40  # each trial's budget: evaluations at 20 and 40
+# The shared study's trials: 2 startup trials for the median pruner, then 4 it may prune (plumbing, not a search).
+TRIALS = 6
 
 
 def study_config(root: Path, name: str, **tune) -> dict:
@@ -71,9 +73,9 @@ class Study:
 
 @pytest.fixture(scope="session")  # session: torn down once, whatever runs between its tests (its group keeps them in one process)
 def tune_study(tmp_path_factory, tfdag_stack) -> Study:
-    """`tfdag tune --json` once: 10 trials, 2 at a time, the median pruner after 2 complete trials."""
+    """`tfdag tune --json` once: TRIALS trials, 2 at a time, the median pruner after 2 complete trials."""
     root = tmp_path_factory.mktemp("tune")
-    config = study_config(root, "digits-tune-test", trials=10, parallel=2, startup_trials=2)
+    config = study_config(root, "digits-tune-test", trials=TRIALS, parallel=2, startup_trials=2)
     path = root / "tune.yaml"
     path.write_text(yaml.safe_dump(config))
     process = tune_command(tfdag_stack, path)
@@ -83,11 +85,11 @@ def tune_study(tmp_path_factory, tfdag_stack) -> Study:
 
 
 @pytest.mark.slow
-def test_ten_trials_two_at_a_time_find_a_model_at_least_as_good_as_the_config_and_register_it(tune_study):
+def test_a_few_trials_two_at_a_time_find_a_model_at_least_as_good_as_the_config_and_register_it(tune_study):
     import optuna
 
     summary = tune_study.summary
-    assert summary["trials"]["complete"] + summary["trials"]["pruned"] == 10 and summary["trials"]["failed"] == 0
+    assert summary["trials"]["complete"] + summary["trials"]["pruned"] == TRIALS and summary["trials"]["failed"] == 0
     trials = {t.number: t for t in load_study(tune_study.config).trials}
     # Trial 0 is the config as written; the best is at least as good on the same budget.
     first = trials[0]
@@ -111,7 +113,7 @@ def test_a_pruned_trial_stopped_before_its_budget_at_an_evaluation(tune_study):
     import optuna
 
     pruned = [t for t in load_study(tune_study.config).trials if t.state == optuna.trial.TrialState.PRUNED]
-    assert pruned, "the median pruner pruned no trial of 10 (a learning rate up to 0.3 and down to 1e-4)"
+    assert pruned, f"the median pruner pruned no trial of {TRIALS} (a learning rate up to 0.3 and down to 1e-4)"
     for trial in pruned:
         last = max(trial.intermediate_values)
         assert last < STEPS and last % 20 == 0
@@ -129,14 +131,14 @@ def test_mlflow_has_the_study_run_a_nested_run_per_trial_and_the_model_run_links
     client = MlflowClient(tracking_uri=config.mlflow_uri)
     parent = client.get_run(tune_study.summary["mlflow_run_id"])
     assert parent.info.status == "FINISHED"
-    assert parent.data.metrics["tune.trials_complete"] + parent.data.metrics["tune.trials_pruned"] == 10
+    assert parent.data.metrics["tune.trials_complete"] + parent.data.metrics["tune.trials_pruned"] == TRIALS
     assert parent.data.tags["tfdag.tune.best_trial"] == str(tune_study.summary["best_trial"]["number"])
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "tune")}
     assert {"tune/optimization_history.png", "tune/param_importances.png", "tune/space.json"} <= artifacts
     experiment = parent.info.experiment_id
     nested = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'", max_results=50)
     trial_runs = {r.data.tags["tfdag.tune.trial"]: r for r in nested if "tfdag.tune.state" in r.data.tags}
-    assert sorted(map(int, trial_runs)) == list(range(10))
+    assert sorted(map(int, trial_runs)) == list(range(TRIALS))
     for run in trial_runs.values():
         assert run.info.status == "FINISHED"
         assert {"tune.train.base_learning_rate", "tune.model.params.hidden_units"} <= set(run.data.params)
@@ -163,9 +165,9 @@ def test_the_prefect_flow_run_has_the_trial_table_and_the_progress(tune_study, p
         artifacts = prefect.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[parent.data.tags["prefect_flow_run_id"]])))
     tables = [a for a in artifacts if a.key == "digits-tune-test-tune-trials"]  # one version per finished trial
-    assert len(tables) == 10
+    assert len(tables) == TRIALS
     rows = json.loads(max(tables, key=lambda a: a.created).data)
-    assert sorted(r["trial"] for r in rows) == list(range(10))
+    assert sorted(r["trial"] for r in rows) == list(range(TRIALS))
     assert {r["state"] for r in rows} <= {"complete", "pruned"}
     [progress] = [a for a in artifacts if a.key == "digits-tune-test-tune-progress"]
     assert progress.type == "progress" and float(progress.data) == 100.0
@@ -186,7 +188,8 @@ def _trial_run_exists(config: dict, number: int) -> bool:
 def test_a_study_killed_mid_way_resumes_without_rerunning_finished_trials(tmp_path, tfdag_stack):
     import optuna
 
-    config = study_config(tmp_path, "digits-tune-resume", trials=3, parallel=1, pruner="none")
+    # Two trials: the first finishes, the second is killed while it trains, and the resumed study trains one more.
+    config = study_config(tmp_path, "digits-tune-resume", trials=2, parallel=1, pruner="none")
     path = tmp_path / "tune.yaml"
     path.write_text(yaml.safe_dump(config))
     states = optuna.trial.TrialState
@@ -201,7 +204,7 @@ def test_a_study_killed_mid_way_resumes_without_rerunning_finished_trials(tmp_pa
             running_now = [t.number for t in trials if t.state == states.RUNNING]
             # Killed once the running trial trains: its MLflow run exists (a trial is RUNNING in the study a moment
             # before its launch creates that run).
-            if (sum(t.state == states.COMPLETE for t in trials) >= 2 and running_now
+            if (sum(t.state == states.COMPLETE for t in trials) >= 1 and running_now
                     and _trial_run_exists(config, running_now[0])):
                 break
             time.sleep(0.5)
@@ -212,7 +215,7 @@ def test_a_study_killed_mid_way_resumes_without_rerunning_finished_trials(tmp_pa
     before = {t.number: t for t in load_study(config).trials}
     finished = {n for n, t in before.items() if t.state == states.COMPLETE}
     running = {n for n, t in before.items() if t.state == states.RUNNING}
-    assert len(finished) >= 2 and len(running) == 1
+    assert len(finished) >= 1 and len(running) == 1
 
     again = tune_command(tfdag_stack, path)
     output, _ = again.communicate(timeout=900)
@@ -223,9 +226,9 @@ def test_a_study_killed_mid_way_resumes_without_rerunning_finished_trials(tmp_pa
         assert after[number].datetime_complete == before[number].datetime_complete
     for number in running:  # the trial the kill interrupted: failed, its budget given to a new one
         assert after[number].state == states.FAIL
-    assert sum(t.state == states.COMPLETE for t in after.values()) == 3
+    assert sum(t.state == states.COMPLETE for t in after.values()) == 2
     summary = json.loads(output.strip().splitlines()[-1])
-    assert summary["trials"] == {"complete": 3, "pruned": 0, "failed": 1}
+    assert summary["trials"] == {"complete": 2, "pruned": 0, "failed": 1}
     # One MLflow run per trial; the interrupted trial's run was ended KILLED when the study resumed.
     from mlflow.tracking import MlflowClient
 

@@ -27,6 +27,11 @@ from tests.stores.conftest import s3, s3_server  # noqa: F401 - the S3 fixtures,
 RAY_IP = "127.0.0.2"
 WORKER_NODE = "tfdag_worker_node"  # flows.stack.ray_cluster.WORKER_NODE: every node but the head
 LABELS = ("node_head", "node_1", "node_2")
+# The GCS lists a node dead once this many health checks in a row failed: a raylet the tests SIGKILL refuses the
+# check at once, so it is listed dead after ~4 periods (4 s, not the default's 15-30 s that every restart after a
+# lost node, and every node a test removes, waited out); a live but busy raylet still has 4 × 5 s to answer.
+FAST_NODE_DEATH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "4",
+                   "RAY_health_check_timeout_ms": "5000"}
 
 
 def _require_ray() -> None:
@@ -160,6 +165,7 @@ def ray_cluster(s3_server) -> Iterator[RayCluster]:  # noqa: F811 - the imported
     env = dict(os.environ)
     env.update({"PYTHONPATH": os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p),
                 "TFDAG_CACHE_DIR": tempfile.mkdtemp(prefix="tfdag-ray-cache-"), "TF_CPP_MIN_LOG_LEVEL": "2"})
+    env.update(FAST_NODE_DEATH)
     record = ray_cluster.start_ray_cluster(len(LABELS), env=env)
     try:
         nodes = ray_cluster.wait_for_nodes(record, len(LABELS))  # asserts every node is on 127.0.0.0/8

@@ -25,7 +25,7 @@ from tests.pipeline_lib.launch_support import (
 )
 from tests.ray.conftest import RAY_IP
 
-STEPS = 400
+STEPS = 300
 DIGITS_MODEL = {"factory": "mlp", "params": {"hidden_units": [64]}}
 
 
@@ -44,7 +44,7 @@ def _lose_a_node_and_take_one_back(ray_cluster, group: str, added: list[str], tm
                          strategy="multi_worker_mirrored", workers=3, per_replica_batch_size=25, steps=STEPS,
                          base_learning_rate=0.01, lr_scaling="none", shuffle=True, shuffle_buffer=2000,
                          checkpoint_every_steps=20, log_every_steps=20, hang_timeout_s=60.0, max_restarts=2,
-                         elastic={"min_workers": 2, "wait_s": 10.0}, early_stopping={"enabled": False})
+                         elastic={"min_workers": 2, "wait_s": 2.0}, early_stopping={"enabled": False})
     run_dir, ids_dir = str(tmp_path / "run"), str(tmp_path / "ids")
     spec = make_spec(config, manifest, plan_for(manifest, config, steps=STEPS), run_dir)
     logs, resized, outcome = LogCapture(), [], {}

@@ -25,16 +25,16 @@ pytestmark = pytest.mark.slow
 
 # A Ray case takes 20–40 s on 2 cores (actors and worker processes start again at every attempt), and the per-phase
 # bounds are the supervisor's, launcher-independent and covered by the local matrix (which runs every case). So
-# `make test` runs one case per Ray plumbing path: an exit seen through the actor (SIGKILL at the first step), a kill at
-# start-up, the preemption exit code (SIGTERM in the last 10 steps) and the result after the final checkpoint. Two
-# paths are checked by other tests of the default run, named in their skip reasons (`COVERED_ELSEWHERE`).
-# `TFDAG_RAY_FAULT_MATRIX=full` runs every case of the matrix here (SIGSTOP while saving and finishing among them).
+# `make test` runs one case per Ray plumbing path: an exit seen through the actor (SIGKILL at the first step: the
+# signal, the node in the story, a new attempt's actors) and the preemption exit code through the actor (SIGTERM in the
+# last 10 steps: the agreed stop). The other paths are checked by other tests of the default run, named in their skip
+# reasons (`COVERED_ELSEWHERE`). `TFDAG_RAY_FAULT_MATRIX=full` runs every case of the matrix here (SIGSTOP while
+# saving and finishing among them).
 IN_MAKE_TEST = {
-    "test_chief_sigkilled_during_start_up",
     "test_non_chief_sigkilled_at_its_first_step",
-    "test_chief_sigkilled_after_the_final_checkpoint_resumes_at_the_final_step",
     "test_non_chief_preempted_in_its_last_10_steps",
 }
+_LOCAL = "tests/pipeline_lib/launch/test_fault_matrix.py::"
 COVERED_ELSEWHERE = {
     # A hang seen through the actor's heartbeat: the same SIGSTOP of worker 1 while stepping, fenced within its bound,
     # its story and the resume from ckpt-10.
@@ -43,9 +43,19 @@ COVERED_ELSEWHERE = {
     # A second restart is the supervisor's (launcher-independent); each attempt's fence and new actors on Ray are
     # checked by every restarting Ray case of the default run.
     "test_a_second_fault_during_the_restart_the_first_caused":
-        "tests/pipeline_lib/launch/test_fault_matrix.py::test_a_second_fault_during_the_restart_the_first_caused "
-        "(the supervisor's second restart) with this module's test_chief_sigkilled_during_start_up (an attempt "
-        "fenced on Ray while its tasks start)",
+        f"{_LOCAL}test_a_second_fault_during_the_restart_the_first_caused (the supervisor's second restart) with "
+        "this module's test_non_chief_sigkilled_at_its_first_step (an attempt fenced and restarted on Ray)",
+    # Duplicates of the local matrix's cases: what is checked (which step the restart resumes at, the start-up
+    # allowance, the result after the final checkpoint) is the supervisor's and the checkpoints', not the launcher's;
+    # the Ray part (an exit seen through the actor, a new attempt's actors, nothing left) is the same as in
+    # test_non_chief_sigkilled_at_its_first_step and, for the chief's exit, the raylet SIGKILL's restart.
+    "test_chief_sigkilled_during_start_up":
+        f"{_LOCAL}test_chief_sigkilled_during_start_up (the same kill at start-up and its restart, on the local "
+        "launcher) with this module's test_non_chief_sigkilled_at_its_first_step (a SIGKILL seen through the actor)",
+    "test_chief_sigkilled_after_the_final_checkpoint_resumes_at_the_final_step":
+        f"{_LOCAL}test_chief_sigkilled_after_the_final_checkpoint_resumes_at_the_final_step (the same resume at the "
+        "final step, on the local launcher) with this module's test_non_chief_sigkilled_at_its_first_step (a SIGKILL "
+        "seen through the actor) and tests/ray/test_ray_launcher.py's runs (the result read back on Ray)",
 }
 FULL_MATRIX = os.environ.get("TFDAG_RAY_FAULT_MATRIX") == "full"
 

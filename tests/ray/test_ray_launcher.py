@@ -154,16 +154,16 @@ def test_a_stopped_worker_process_is_fenced_and_restarted(ray_cluster, s3, tmp_p
     root = f"s3://{BUCKET}/d/out"
     hang_timeout_s = 8.0
     config = _ray_config(ray_cluster, root, checkpoint_every_steps=10, hang_timeout_s=hang_timeout_s)
-    spec = make_spec(config, dataset, plan_for(dataset, config, steps=40), f"{root}/run")
+    spec = make_spec(config, dataset, plan_for(dataset, config, steps=30), f"{root}/run")
     logs, calls = LogCapture(), []
     outcome = launch_on_ray(spec, config, log_fn=logs, on_restart=lambda n, story: calls.append((n, story)),
                             env={"TFDAG_FAULT": "stop:worker=1:step=15"})
-    assert outcome.result.final_step == 40 and outcome.result.num_restarts == 1
+    assert outcome.result.final_step == 30 and outcome.result.num_restarts == 1
     assert len(outcome.restarts) == 1 and outcome.restarts[0].cause.startswith("hang: worker 1 (stopped)")
     assert outcome.restarts[0].resumed_step == 10
     (number, story), = calls
     assert number == 1 and story.startswith("hang: worker 1 (stopped) made no progress"), story
-    assert story.endswith("resumed at step 10 of 40"), story
+    assert story.endswith("resumed at step 10 of 30"), story
     assert "[supervisor] restart 1/3" in logs.text
     # Fenced within the stepping bound and a margin, counted from the fault's line (which reaches this log through
     # the actor, so no earlier than the stop itself).
@@ -216,10 +216,10 @@ def test_parameter_servers_on_ray_two_workers_one_ps_learn_digits(ray_cluster, s
                          per_replica_batch_size=32, base_learning_rate=0.005, lr_scaling="none", shuffle=True,
                          checkpoint_every_steps=150, log_every_steps=50, hang_timeout_s=120.0,
                          ray={"placement": "pack", "resources_per_worker": {"CPU": 0.5}})
-    spec = make_spec(config, dataset, plan_for(dataset, config, steps=450), f"{root}/run")
+    spec = make_spec(config, dataset, plan_for(dataset, config, steps=300), f"{root}/run")
     logs = LogCapture()
     result = launch_on_ray(spec, config, log_fn=logs).result
-    assert result.strategy == "parameter_server" and result.final_step == 450
+    assert result.strategy == "parameter_server" and result.final_step == 300
     assert any(line.startswith(f"[ps 0 @ {RAY_IP}] ") for _, line in logs.lines)
     assert any(line.startswith(f"[chief 0 @ {RAY_IP}] ") for _, line in logs.lines)
     assert result.checkpoints[-1].metrics["eval_accuracy"] >= 0.9
@@ -283,8 +283,8 @@ def test_sigkill_of_the_raylet_hosting_worker_1_restarts_on_the_survivor_and_a_s
     from pipeline_lib.config import parse_config
     from tests.flows.test_pipeline_flow import digits_config
 
-    values = digits_config(tmp_path, strategy="multi_worker_mirrored", cpu_replicas=None, workers=2, epochs=6,
-                           checkpoint_every_steps=20, log_every_steps=10, max_restarts=3, launcher="ray",
+    values = digits_config(tmp_path, strategy="multi_worker_mirrored", cpu_replicas=None, workers=2, epochs=4,
+                           base_learning_rate=0.01, checkpoint_every_steps=20, log_every_steps=10, max_restarts=3, launcher="ray",
                            ray={"address": ray_cluster.address, "node_ip_address": RAY_IP, "placement_timeout_s": 90,
                                 "resources_per_worker": {"CPU": 1, WORKER_NODE: 1}})
     values["name"] = "digits-ray-raylet"

@@ -15,7 +15,11 @@ and finishing 15 s; starting 125 s, which the one starting-hang case shortens fo
 `hang_timeout_s` 20 with a 25 s finish, while busy loops hold every core: it holds the whole machine for a minute, so
 it runs with `TFDAG_FAULT_MATRIX=full` (`make test` leaves it out, as it leaves out the Ray matrix's longer cases).
 So do the cases marked `duplicate_of`: their guarantee is checked in the default run by the test their skip reason
-names (the chief's preemption, its kill mid-checkpoint, its kill at the result write).
+names (the chief's preemption, its kill mid-checkpoint, at its first step and at the result write, a non-chief's kill
+while saving and while restoring in a restart, the chief's SIGSTOP while saving), and, here only (a call, not a mark:
+Ray's default run keeps its copy), the non-chief's kill at its first step. The default run keeps one case per
+mechanism: a kill at start-up and after the final checkpoint, a hang fenced while starting, stepping and finishing,
+a preemption, a second fault during a restart, a slow save and finish not fenced, a stop after the result not fenced.
 """
 
 from __future__ import annotations
@@ -63,6 +67,15 @@ def duplicate_of(covered_by: str):
     """
     return pytest.mark.skipif(not FULL_MATRIX, reason=f"{covered_by} checks the same in the default run: "
                                                       "TFDAG_FAULT_MATRIX=full runs this duplicate too")
+
+
+def skip_here_as_a_duplicate_of(harness: Harness, covered_by: str) -> None:
+    """Like `duplicate_of`, for this module's local run only: a case whose copy in tests/ray/test_ray_fault_matrix.py
+    checks a Ray plumbing path of its own (Ray's default run keeps it), while here another case of the default run
+    checks the same. A call in the test, not a mark: a mark would travel to the Ray copy."""
+    if not FULL_MATRIX and type(harness) is Harness:
+        pytest.skip(f"{covered_by} checks the same in the default run: "
+                    "TFDAG_FAULT_MATRIX=full runs this duplicate too")
 
 
 class Harness:
@@ -298,6 +311,10 @@ def test_non_chief_sigstopped_while_stepping_is_caught_as_a_hang(harness, datase
     assert detected_after <= HANG_TIMEOUT_S + 10.0, detected_after
 
 
+@duplicate_of("test_fault_matrix.py::test_chief_sigstopped_while_finishing_is_caught_as_a_hang (the same watchdog "
+              "fence of a stopped chief under the same 3 × hang_timeout_s bound, which saving and finishing share, "
+              "with the bound named in the story) with test_chief_sigkilled_during_start_up (the restart from step 0 "
+              "when no checkpoint is committed yet)")
 def test_chief_sigstopped_while_saving_is_caught_as_a_hang(harness, dataset):
     # TFDAG_FAULT: the chief stops itself as it enters its first save (step 10): no checkpoint yet.
     config, spec = harness.setup(dataset)
@@ -312,6 +329,11 @@ def test_chief_sigstopped_while_saving_is_caught_as_a_hang(harness, dataset):
 
 def test_non_chief_sigkilled_at_its_first_step(harness, dataset):
     # Outside. Worker 1 pauses 2 s after its first step and is killed during the pause.
+    skip_here_as_a_duplicate_of(
+        harness, "test_fault_matrix.py::test_chief_sigkilled_during_start_up (an outside SIGKILL before any "
+                 "checkpoint, the restart from step 0, start step 0) with test_a_second_fault_during_the_restart_the_"
+                 "first_caused (a non-chief SIGKILLed while stepping, named in the story, the restart in the same "
+                 "launch)")
     config, spec = harness.setup(dataset)
     logs = LogCapture()
     outside = Outside(harness, _log_has(logs, "sleep fires in worker 1 after step 1"), 1, signal.SIGKILL)
@@ -401,6 +423,9 @@ def test_chief_sigkilled_during_start_up(harness, dataset):
     assert outcome.result.start_step == 0
 
 
+@duplicate_of("test_fault_matrix.py::test_chief_sigkilled_during_start_up (the chief's outside SIGKILL before any "
+              "checkpoint, the restart from step 0, start step 0) with test_a_second_fault_during_the_restart_the_"
+              "first_caused (a SIGKILL while stepping, the restart in the same launch)")
 def test_chief_sigkilled_at_its_first_step(harness, dataset):
     # Outside. The chief pauses 2 s after its first step and is killed during the pause.
     config, spec = harness.setup(dataset)
@@ -414,6 +439,9 @@ def test_chief_sigkilled_at_its_first_step(harness, dataset):
     assert outcome.result.start_step == 0
 
 
+@duplicate_of("test_fault_matrix.py::test_a_second_fault_during_the_restart_the_first_caused (a second "
+              "SIGKILL, from outside, during the restart the first fault caused: two restarts, each story, the resume "
+              "from ckpt-10 to step 30)")
 def test_non_chief_sigkilled_while_restoring_in_the_restart(harness, dataset):
     # TFDAG_FAULT kills the chief at step 15 (ckpt-10 exists); the outside kills worker 1 in the starting phase
     # of the restarted attempt (import, preflight, restore of ckpt-10), before its first step.
@@ -436,6 +464,9 @@ def test_non_chief_sigkilled_while_restoring_in_the_restart(harness, dataset):
 
 # --- more kills mid-checkpoint and at the result -------------------------------------------------------------------
 
+@duplicate_of("test_local.py::test_chief_killed_during_a_save_leaves_the_previous_checkpoint_latest (a kill inside "
+              "a save, the uncommitted checkpoint ignored) with test_fault_matrix.py::test_a_second_fault_during_the_"
+              "restart_the_first_caused (a non-chief's SIGKILL named in the story, the resume in the same launch)")
 def test_non_chief_sigkilled_while_saving(harness, dataset):
     # Outside. Worker 1 pauses 2 s as it enters its first save (step 10) and is killed during the pause.
     config, spec = harness.setup(dataset)
@@ -509,9 +540,12 @@ def test_non_chief_sigstopped_while_starting_is_caught_as_a_hang(harness, datase
     assert detected_after <= bound + 15.0, detected_after
 
 
-def test_non_chief_sigstopped_after_the_result_is_ended_not_fenced(harness, dataset):
+def test_non_chief_sigstopped_after_the_result_is_ended_not_fenced(harness, dataset, monkeypatch):
     # Outside. Worker 1 pauses 3 s at its result point; once the chief's result.json is written it is stopped.
     # Nothing is fenced after the chief's result: the supervisor waits its shutdown grace, then ends worker 1.
+    # The grace (30 s in production, here min(30, the 15 s finishing bound)) is shortened to 8 s for this test only,
+    # still longer than the 3 s pause: the path is the same, the wait 7 s shorter.
+    monkeypatch.setattr(supervisor, "SHUTDOWN_GRACE_S", 8.0)
     config, spec = harness.setup(dataset)
     logs = LogCapture()
     result_path = os.path.join(spec.run_dir, RESULT_NAME)

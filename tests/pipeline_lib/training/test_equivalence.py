@@ -24,9 +24,10 @@ STEPS = 50
 GLOBAL_BATCH = 64
 TOLERANCE = 1e-5
 # SGD, unscaled LR, no shuffle, op determinism: only the distribution differs between the runs. Exactly STEPS steps:
-# no early stop (7 evaluations would give the default patience room to end a run sooner).
+# no early stop (left on, the default patience could end a run sooner). A checkpoint (and its evaluation) every 21
+# steps, at 21, 42 and 50: the resume's step 21 and the step-42 check below, without the other five saves.
 EQUIVALENCE = {"steps": STEPS, "deterministic": True, "shuffle": False, "optimizer": "sgd",
-               "base_learning_rate": 0.1, "lr_scaling": "none", "checkpoint_every_steps": 7, "log_every_steps": 25,
+               "base_learning_rate": 0.1, "lr_scaling": "none", "checkpoint_every_steps": 21, "log_every_steps": 25,
                "seed": 7, "early_stopping": {"enabled": False}}
 MODEL = {"factory": "mlp", "params": {"hidden_units": [16, 8]}}
 
@@ -91,7 +92,7 @@ def test_default_mirrored_and_multi_worker_end_with_equal_weights(tmp_path, data
 
 @pytest.mark.slow
 def test_resume_after_a_real_sigkill_ends_with_the_uninterrupted_weights(tmp_path, dataset, mwms_weights):
-    # Checkpoints every 7 steps: killed after step 23, resumed from 21, i.e. mid-epoch (position 1 of epoch 2).
+    # Checkpoints every 21 steps: killed after step 23, resumed from 21, i.e. mid-epoch (position 1 of epoch 2).
     config = _mwms_config(str(tmp_path))
     spec = make_spec(config, dataset, plan_for(dataset, config, steps=STEPS), str(tmp_path / "run"))
     logs = LogCapture()

@@ -262,25 +262,26 @@ def _run_workers(tmp_path, args, num_workers=2):
 def test_multi_worker_matches_default_and_stops_together(tmp_path):
     """MWMS with 2 worker processes (32 each) equals Default (64); a stop asked of worker 1 stops both."""
     manifest = write_dataset(str(tmp_path / "data"), num_train=640, num_eval=64)
-    common = {"shuffle": False, "deterministic": True, "steps": 50, "checkpoint_every_steps": 20,
+    # 30 steps (3 epochs), a checkpoint every 10, worker 1 asks to stop after step 13: mid-epoch, between checkpoints.
+    common = {"shuffle": False, "deterministic": True, "steps": 30, "checkpoint_every_steps": 10,
               "base_learning_rate": 0.005}
     default_config = _config(strategy="default", per_replica_batch_size=64, **common)
-    training.train(default_config, manifest, make_plan(manifest, per_replica_batch_size=64, steps=50),
+    training.train(default_config, manifest, make_plan(manifest, per_replica_batch_size=64, steps=30),
                    str(tmp_path / "default"))
     config = _config(strategy="multi_worker_mirrored", per_replica_batch_size=32, **common)
-    plan = make_plan(manifest, num_workers=2, per_replica_batch_size=32, steps=50)
+    plan = make_plan(manifest, num_workers=2, per_replica_batch_size=32, steps=30)
     args = {"config": config.model_dump(mode="json"), "manifest": manifest.to_json(),
-            "plan": plan.model_dump_json(), "run_dir": str(tmp_path / "mwms"), "stop_worker": 1, "stop_at": 23}
+            "plan": plan.model_dump_json(), "run_dir": str(tmp_path / "mwms"), "stop_worker": 1, "stop_at": 13}
 
     codes, outputs = _run_workers(tmp_path, args)
     assert codes == [3, 3], outputs
-    assert all("INTERRUPTED 23" in out for out in outputs)
-    assert [r.step for r in manifests.list_checkpoints(str(tmp_path / "mwms" / "checkpoints"))] == [20, 23]
+    assert all("INTERRUPTED 13" in out for out in outputs)
+    assert [r.step for r in manifests.list_checkpoints(str(tmp_path / "mwms" / "checkpoints"))] == [10, 13]
 
     args.pop("stop_worker")
     codes, outputs = _run_workers(tmp_path, args)
     assert codes == [0, 0], outputs
-    assert '"final_step": 50, "start_step": 23, "is_chief": true, "checkpoints": 3' in outputs[0]
+    assert '"final_step": 30, "start_step": 13, "is_chief": true, "checkpoints": 3' in outputs[0]
     assert '"is_chief": false, "checkpoints": 0' in outputs[1]
     assert not os.listdir(tmp_path / "mwms" / "checkpoints" / ".scratch")
     assert _max_diff(_weights(str(tmp_path / "default"), default_config, manifest),
