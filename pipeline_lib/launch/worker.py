@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import dataclasses
 import gc
 import logging
 import os
@@ -37,14 +36,19 @@ from pipeline_lib.core.quiet import import_tensorflow
 
 import_tensorflow()  # first, its start-up lines held back unless TFDAG_VERBOSE=1
 
-from pipeline_lib.cluster.fingerprint import Fingerprint
 from pipeline_lib.cluster.info import ClusterInfo, cluster_from_env
 from pipeline_lib.cluster.preflight import run_preflight
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
 from pipeline_lib.core.exit_codes import run_to_exit_code
 from pipeline_lib.core.quiet import is_verbose, quiet_python_loggers
-from pipeline_lib.data.manifest import Manifest, load_manifest
+from pipeline_lib.data.manifest import load_manifest
+from pipeline_lib.launch.additions import (  # noqa: F401 - NO_ADDITIONS and is_server_task re-exported
+    NO_ADDITIONS,
+    AdditionsFn,
+    WorkerAdditions,
+    is_server_task,
+)
 from pipeline_lib.launch.heartbeat import EvalOnHeartbeat, Heartbeat
 from pipeline_lib.launch.prometheus import TaskMetrics
 from pipeline_lib.launch.spec import (
@@ -72,26 +76,6 @@ logger = logging.getLogger(__name__)
 # imports pipeline_lib.testing.
 TEST_SUPPORT_VARIABLES = ("TFDAG_FAULT", "TFDAG_TEST_EXAMPLE_IDS", "TFDAG_PREFLIGHT_OVERRIDE")
 
-
-@dataclasses.dataclass(frozen=True)
-class WorkerAdditions:
-    """What a worker's caller adds to one training task beyond its config and spec.
-
-    Attributes:
-        hooks: more training-loop hooks, each called after the worker's own (heartbeat, metrics, stop request).
-        before_result: each called with the final step once training returned (the final checkpoint saved) and
-            before the chief writes its result.
-        fingerprint_fn: applied to this task's preflight fingerprint before it is written (`run_preflight`).
-    """
-
-    hooks: tuple[TrainHooks, ...] = ()
-    before_result: tuple[Callable[[int], None], ...] = ()
-    fingerprint_fn: Callable[[Fingerprint], Fingerprint] | None = None
-
-
-NO_ADDITIONS = WorkerAdditions()
-# Builds a task's additions once its spec, config, cluster and manifest are known (before the preflight).
-AdditionsFn = Callable[[WorkerSpec, PipelineConfig, ClusterInfo, Manifest], WorkerAdditions]
 
 _KEPT_UNTIL_EXIT: list = []  # what a worker process must not destroy before its exit (`WorkerHooks.input_done`)
 
@@ -235,11 +219,6 @@ def _create_pruning(config: PipelineConfig, cluster: ClusterInfo) -> StopRule | 
 def _write_result(run_dir: str, result: TrainResult, storage_options: dict) -> None:
     fs, path = storage.get_fs(storage.join(run_dir, RESULT_NAME), storage_options)
     storage.write_bytes_atomic(fs, path, result.model_dump_json(indent=2).encode())
-
-
-def is_server_task(config: PipelineConfig, cluster: ClusterInfo) -> bool:
-    """ps and worker tasks of a parameter-server cluster serve; they do not run the training loop."""
-    return config.train.uses_parameter_server(cluster.has_ps) and cluster.has_ps and cluster.task_type in ("ps", "worker")
 
 
 def run_worker(spec: WorkerSpec, cluster: ClusterInfo | None = None, *, config: PipelineConfig | None = None,

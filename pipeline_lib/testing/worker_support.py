@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pipeline_lib.cluster.info import ClusterInfo
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.data.manifest import Manifest
+from pipeline_lib.launch.additions import WorkerAdditions, is_server_task
 from pipeline_lib.launch.spec import WorkerSpec
-from pipeline_lib.launch.worker import WorkerAdditions, is_server_task
 from pipeline_lib.testing import faults, preflight_override
 from pipeline_lib.testing.example_ids import EXAMPLE_IDS_ENV, ExampleIdRecorder
 
