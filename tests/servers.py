@@ -1,15 +1,18 @@
 """Session-scoped real servers shared by every test that needs them: one `tfdag stack up` (Prefect server, MLflow
-server, work pool, process worker, deployments) on free loopback ports, started once per test session."""
+server, work pool, process worker, deployments) on free loopback ports, started once per test run and shared by
+its xdist processes."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from flows import stack
 
@@ -46,25 +49,42 @@ def _stack_cli(action: str, root: Path, env: dict[str, str]) -> subprocess.Compl
 
 
 @pytest.fixture(scope="session")
-def tfdag_stack(tmp_path_factory) -> RunningStack:
-    """`tfdag stack up` through the CLI, on free ports, with a throw-away user PREFECT_HOME; `down` at the end."""
-    root = tmp_path_factory.mktemp("stack") / ".tfdag"
-    user_home = tmp_path_factory.mktemp("user-prefect-home")
+def tfdag_stack(tmp_path_factory, worker_id) -> Iterator[RunningStack]:
+    """`tfdag stack up` through the CLI, on free ports, with a throw-away user PREFECT_HOME; `down` at the end.
+
+    One stack for the whole run: under pytest-xdist the test processes share it (a file lock and a count of the
+    processes using it, in the run's common temporary folder); the last one out stops it."""
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    base = shared / "shared-stack"
+    base.mkdir(exist_ok=True)
+    root, user_home = base / "stack" / ".tfdag", base / "user-prefect-home"
+    user_home.mkdir(exist_ok=True)
     env = dict(os.environ, TFDAG_PREFECT_PORT="0", TFDAG_MLFLOW_PORT="0", PREFECT_HOME=str(user_home))
     for name in ("PREFECT_API_URL", "PREFECT_PROFILES_PATH", "MLFLOW_TRACKING_URI"):
         env.pop(name, None)
-    up = _stack_cli("up", root, env)
-    if up.returncode != 0:
-        _stack_cli("down", root, env)
-        pytest.fail(f"tfdag stack up failed ({up.returncode}):\n{up.stdout[-4000:]}\n{up.stderr[-4000:]}")
-    state = stack.read_state(root)
-    assert state is not None, up.stdout
-    running = RunningStack(state=state, root=root, user_home=user_home)
-    _pause_schedules(running)
+    users = base / "users"
+    with FileLock(str(base / "lock")):
+        count = int(users.read_text()) if users.exists() else 0
+        if count == 0:
+            up = _stack_cli("up", root, env)
+            if up.returncode != 0:
+                _stack_cli("down", root, env)
+                pytest.fail(f"tfdag stack up failed ({up.returncode}):\n{up.stdout[-4000:]}\n{up.stderr[-4000:]}")
+        state = stack.read_state(root)
+        assert state is not None, "tfdag stack up recorded no state"
+        running = RunningStack(state=state, root=root, user_home=user_home)
+        if count == 0:
+            _pause_schedules(running)
+        users.write_text(str(count + 1))
     yield running
-    down = _stack_cli("down", root, env)
-    leftovers = [r.name for r in state.services if stack.find_process(r) is not None]
-    assert down.returncode == 0 and not leftovers, f"tfdag stack down left {leftovers}:\n{down.stdout}{down.stderr}"
+    with FileLock(str(base / "lock")):
+        count = int(users.read_text()) - 1
+        users.write_text(str(count))
+        if count == 0:
+            down = _stack_cli("down", root, env)
+            leftovers = [r.name for r in state.services if stack.find_process(r) is not None]
+            assert down.returncode == 0 and not leftovers, (
+                f"tfdag stack down left {leftovers}:\n{down.stdout}{down.stderr}")
 
 
 # The deployments of prefect.yaml with a schedule: the nightly retrain (03:00 UTC), the scoring after it (04:00) and

@@ -4,7 +4,7 @@
 Every node and the driver use 127.0.0.2 (Ray rewrites 127.0.0.1 and localhost to this machine's network address;
 another loopback address is kept as given), and every node's IP is asserted to be on 127.0.0.0/8. The cluster
 starts after moto's S3 server, so every node's workers inherit the S3 endpoint and its dummy credentials; it is
-stopped at the session's end by killing its own processes (not `ray stop`, which would end every Ray cluster on
+stopped once the last test of tests/ray has run, by killing its own processes (not `ray stop`, which would end every Ray cluster on
 the machine).
 """
 
@@ -155,7 +155,9 @@ class RayCluster:
         raise LookupError(f"no raylet of node {node_id}")
 
 
-@pytest.fixture(scope="session")
+# Package scope: the cluster goes when the last test of tests/ray has run (they run in one xdist group, one after
+# the other), so its idle raylets, agents and dashboard do not take CPU from the rest of the session.
+@pytest.fixture(scope="package")
 def ray_cluster(s3_server) -> Iterator[RayCluster]:  # noqa: F811 - the imported fixture
     _require_ray()
     import ray

@@ -3,6 +3,8 @@ two nodes of the test cluster; the flow ends with a blessed model and nothing of
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from pipeline_lib.config import parse_config
@@ -10,7 +12,12 @@ from tests.flows.test_pipeline_flow import digits_config
 from tests.ray.conftest import RAY_IP
 
 
+# The same flow on Ray, with a raylet killed mid-run, is test_ray_launcher.py's raylet test, which asserts all of
+# this too (blessed, FINISHED, two workers, nothing left on the cluster): this plain run is its duplicate.
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("TFDAG_RAY_FAULT_MATRIX") != "full",
+                    reason="test_ray_launcher.py's raylet test runs this flow on Ray and asserts the same: "
+                           "TFDAG_RAY_FAULT_MATRIX=full runs this duplicate too")
 def test_the_pipeline_flow_trains_on_ray_through_the_train_task(tmp_path, prefect_api, ray_cluster):
     from mlflow.tracking import MlflowClient
 
@@ -34,11 +41,11 @@ def test_a_study_trains_its_trials_on_ray(tmp_path, prefect_api, ray_cluster):
     from flows.tune import tune_pipeline
     from tests.flows.test_tune_flow import load_study, study_config
 
-    values = study_config(tmp_path, "digits-tune-ray", trials=2, parallel=1, pruner="none")
+    values = study_config(tmp_path, "digits-tune-ray", trials=1, parallel=1, pruner="none")
     values["train"].update(launcher="ray", ray={"address": ray_cluster.address, "node_ip_address": RAY_IP})
     summary = tune_pipeline(parse_config(values))
-    assert summary.trials == {"complete": 2, "pruned": 0, "failed": 0}
+    assert summary.trials == {"complete": 1, "pruned": 0, "failed": 0}
     assert summary.model is not None and summary.model.blessed and summary.model.model_version == "1"
     trials = load_study(values).trials
-    assert [t.user_attrs["tfdag.train_result"]["final_step"] for t in trials] == [40, 40]
+    assert [t.user_attrs["tfdag.train_result"]["final_step"] for t in trials] == [40]
     assert ray_cluster.alive_actors() == [] and ray_cluster.live_placement_groups() == []

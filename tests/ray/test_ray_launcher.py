@@ -331,7 +331,7 @@ def test_sigkill_of_the_raylet_hosting_worker_1_restarts_on_the_survivor_and_a_s
     story = run.data.tags["tfdag.restart.1"]
     assert "worker 1" in story and "resumed at step" in story, story
     assert client.get_metric_history(run.info.run_id, "num_restarts")[-1].value == summary.num_restarts
-    assert run.info.status == "FINISHED"
+    assert run.info.status == "FINISHED" and int(run.data.params["num_workers"]) == 2
     messages: list[str] = []
     for _ in range(20):
         with get_client(sync_client=True) as prefect:

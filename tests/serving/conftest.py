@@ -161,10 +161,10 @@ def _wait_for_ping(process: subprocess.Popen, url: str, log_path: Path, timeout_
                          f"{log_path.read_text(errors='replace')[-4000:]}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # stopped after the last test of tests/serving (one xdist group), not idle after it
 def scoring_server(served_models, clean_venv, tmp_path_factory):
     """`mlflow models serve -m models:/<classifier>@champion --env-manager local` on loopback, run by the clean venv's
-    mlflow against the sqlite store; stopped at the end of the session. Importing TensorFlow and MLflow and loading
+    mlflow against the sqlite store; stopped after tests/serving's last test. Importing TensorFlow and MLflow and loading
     the model in a new process: 17-30 s measured, over a minute on two busy cores; one server for the session."""
     work = tmp_path_factory.mktemp("scoring_server")
     port = free_port()
