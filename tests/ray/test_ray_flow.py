@@ -41,11 +41,11 @@ def test_a_study_trains_its_trials_on_ray(tmp_path, prefect_api, ray_cluster):
     from flows.tune import tune_pipeline
     from tests.flows.test_tune_flow import load_study, study_config
 
-    values = study_config(tmp_path, "digits-tune-ray", trials=1, parallel=1, pruner="none")
+    values = study_config(tmp_path, "digits-tune-ray", trials=2, parallel=1, pruner="none")
     values["train"].update(launcher="ray", ray={"address": ray_cluster.address, "node_ip_address": RAY_IP})
     summary = tune_pipeline(parse_config(values))
-    assert summary.trials == {"complete": 1, "pruned": 0, "failed": 0}
+    assert summary.trials == {"complete": 2, "pruned": 0, "failed": 0}
     assert summary.model is not None and summary.model.blessed and summary.model.model_version == "1"
     trials = load_study(values).trials
-    assert [t.user_attrs["tfdag.train_result"]["final_step"] for t in trials] == [40]
+    assert [t.user_attrs["tfdag.train_result"]["final_step"] for t in trials] == [40, 40]
     assert ray_cluster.alive_actors() == [] and ray_cluster.live_placement_groups() == []
