@@ -85,7 +85,7 @@ def test_first_retrain_trains_registers_and_promotes(retrain_scenario, mlflow_cl
 
 
 def test_unchanged_data_is_skipped_then_new_rows_make_a_version_and_a_worse_one_is_refused(
-        retrain_scenario, mlflow_client, prefect_api):
+        retrain_scenario, mlflow_client, prefect_api, monkeypatch):
     _assert_ok(retrain_scenario.first, retrain_scenario)
     experiment = mlflow_client.get_experiment_by_name("digits-retrain")
     num_runs = len(mlflow_client.search_runs([experiment.experiment_id]))
@@ -130,11 +130,15 @@ def test_unchanged_data_is_skipped_then_new_rows_make_a_version_and_a_worse_one_
     assert worse_run.data.tags["tfdag.blessed"] == "false" and worse_run.info.status == "FINISHED"
     assert int(worse_run.data.params["total_steps"]) == 1
 
-    # 4. The same data and config again: the refused run is remembered without a version; nothing trains.
-    again = retrain_scenario.run(params={"overrides": {"train.steps": 1}})
-    _assert_ok(again, retrain_scenario)
-    state = _read_flow_run(_flow_run_id(again.stdout)).state
+    # 4. The same data and config again: the refused run is remembered without a version; nothing trains. The flow
+    # is called here, in this process, on the stack's servers: the runs above went through the deployment's worker.
+    from flows.retrain import RetrainParameters, retrain
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", retrain_scenario.running.state.mlflow_url)
+    state = retrain(RetrainParameters(config=str(retrain_scenario.config_path), overrides={"train.steps": 1}),
+                    return_state=True)
     assert state.is_completed() and f"no new data since MLflow run {worse_run.info.run_id}" in state.message
+    assert len(_versions(mlflow_client)) == num_versions
 
 
 def _runs(client, experiment, fingerprint: str) -> list:
