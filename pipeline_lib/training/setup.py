@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import random
+from collections.abc import Iterator
 
 import keras
 import tensorflow as tf
@@ -51,6 +54,23 @@ def seed_everything(train_config: TrainConfig) -> None:
         tf.config.experimental.enable_op_determinism()
     elif train_config.seed is not None:
         keras.utils.set_random_seed(train_config.seed)
+
+
+@contextlib.contextmanager
+def private_keras_seeds(seed: int) -> Iterator[None]:
+    """Within the block, the seeds Keras draws for initializers and dropout layers built without one come from a
+    generator of their own seeded by `seed`, not from Python's global `random`: another thread of the process
+    (a server, a client's retry jitter) drawing from that meanwhile would otherwise change the initial weights."""
+    from keras.src.random import (
+        seed_generator,  # Keras 3 draws every default seed there; no public hook
+    )
+
+    shared = seed_generator.python_random
+    seed_generator.python_random = random.Random(seed)
+    try:
+        yield
+    finally:
+        seed_generator.python_random = shared
 
 
 def op_determinism_enabled() -> bool:
@@ -160,7 +180,7 @@ def _build_model(config: PipelineConfig, manifest: Manifest) -> keras.Model:
 def _create_variables(config: PipelineConfig, manifest: Manifest, choice: strategies.StrategyChoice,
                       learning_rate: float):
     patience = PatienceState()  # outside the scope: the chief's plain variables, never mirrored nor all-reduced
-    with choice.strategy.scope():
+    with choice.strategy.scope(), private_keras_seeds(config.train.seed):
         model = _build_model(config, manifest)
         rate = strategies.create_learning_rate(learning_rate, config.train.warmup_steps)
         optimizer = _create_optimizer(config, rate, config.train.mixed_precision)

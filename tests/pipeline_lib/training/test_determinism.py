@@ -1,11 +1,15 @@
 """Bit-for-bit determinism with shuffling, dropout and Adam: Default in one process and 2-worker
 MultiWorkerMirrored over real processes run twice end with identical weights, a worker forked from the fork server
 ends with the weights of a training in this process, and an MWMS run SIGKILLed at a step and resumed ends with the
-weights of the uninterrupted one. Equality is exact (`np.array_equal`), no tolerance."""
+weights of the uninterrupted one. Another thread drawing from Python's `random` meanwhile changes nothing. Equality
+is exact (`np.array_equal`), no tolerance."""
 
 from __future__ import annotations
 
 import os
+import random
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -70,7 +74,26 @@ def mwms_run(tmp_path_factory, dataset):
     return outcome.result
 
 
-def test_default_twice_in_one_process_is_bit_identical_and_the_seed_matters(tmp_path, dataset):
+@pytest.fixture
+def another_thread_drawing_from_random():
+    """A thread of the process drawing from Python's global `random` throughout (as a server or a retry's jitter
+    may): Keras draws its default seeds from the same module, so it must not change what a seeded training builds."""
+    stop = threading.Event()
+
+    def draw():
+        while not stop.is_set():
+            random.random()
+            time.sleep(0.0005)
+
+    thread = threading.Thread(target=draw, daemon=True)
+    thread.start()
+    yield
+    stop.set()
+    thread.join()
+
+
+def test_default_twice_in_one_process_is_bit_identical_and_the_seed_matters(tmp_path, dataset,
+                                                                            another_thread_drawing_from_random):
     def run(name: str, seed: int):
         config = make_config(str(tmp_path / name), model=MODEL, strategy="default", per_replica_batch_size=64,
                              **{**DETERMINISTIC, "seed": seed})
