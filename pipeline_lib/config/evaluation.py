@@ -80,8 +80,9 @@ class GateConfig(_Frozen):
 
 
 def _filled(model: Any, values: dict[str, Any], derived: tuple[str, ...]) -> Any:
-    """`model` with `values` filled in, the `derived` ones still counted as omitted (not in `model_fields_set`)."""
-    explicit = (model.model_fields_set | set(values)) - set(derived)
+    """`model` with `values` filled in, those of them in `derived` still counted as omitted (not in
+    `model_fields_set`); a derived key the config set itself stays set."""
+    explicit = (model.model_fields_set | set(values)) - (set(derived) & set(values))
     filled = model.model_copy(update=values)
     object.__setattr__(filled, "__pydantic_fields_set__", explicit)
     return filled

@@ -190,6 +190,10 @@ def test_derived_defaults_round_trip_through_every_dump_and_follow_a_task_overri
     # An explicit choice is dumped as written, and stays.
     explicit = PipelineConfig.model_validate({**REGRESSION, "evaluation": {"gate": {"metric": "mae"}}})
     assert yaml.safe_load(explicit.masked_yaml())["evaluation"]["gate"]["metric"] == "mae"
+    # The metrics chosen, the gate's metric derived: the choice is dumped as written all the same.
+    chosen = PipelineConfig.model_validate({**REGRESSION, "evaluation": {"metrics": ["loss", "mae", "rmse"]}})
+    assert yaml.safe_load(chosen.masked_yaml())["evaluation"]["metrics"] == ["loss", "mae", "rmse"]
+    assert PipelineConfig.model_validate(chosen.model_dump(mode="json")).evaluation.metrics == ("loss", "mae", "rmse")
 
 
 def test_missing_file_and_bad_yaml(tmp_path):
