@@ -20,6 +20,7 @@ TFRecord conversion -> shard planning -> cluster validation -> distributed train
 
   tfdag run examples/digits.yaml          the whole pipeline (a Prefect flow)
   tfdag run examples/digits.yaml --json   ... and print the summary as JSON on the last line
+  tfdag run examples/digits.yaml --resume [RUN_NAME]   finish a failed or killed run (default: the latest)
   tfdag tune examples/digits_tune.yaml    tune: parallel, pruned, resumable trials; the best model gated
   tfdag convert|plan|validate|train|evaluate CONFIG   one stage alone, without Prefect
   tfdag validate-data CONFIG [--against latest|champion|RUN_ID]   check the data against a baseline run
@@ -42,7 +43,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     # The flow gets the file's path, not its content: a Prefect parameter is stored by the server, and a
     # config may carry storage options. Loading and checking it here first rejects bad input before Prefect starts.
     path = args.config or default_config()
-    check_inputs(load(path))
+    config = load(path)
+    check_inputs(config)
+    if args.resume:  # no such run, or a changed config: refused before Prefect starts
+        from pipeline_lib.tracking.stage_record import resume_point
+
+        resume_point(config, args.resume)
     from flows.pipeline import training_pipeline
     from flows.prefect_api import api_from_profile, choose_prefect_api
 
@@ -53,7 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flows import console
 
     with console.open_console(live=console.is_terminal(args.verbose)) as show:
-        summary = training_pipeline(path)
+        summary = training_pipeline(path, resume=args.resume)
         show(console.summary_event(summary))
     if args.json:
         print(summary.model_dump_json())
@@ -281,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("run", cmd_run, "run the whole pipeline as the Prefect flow 'training-pipeline'")
     p.add_argument("--json", action="store_true", help="print the run summary as one JSON object on the last line")
+    p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="RUN_NAME",
+                   help="finish a failed, killed or interrupted run of this config in place (default: the latest); "
+                        "the stages it finished are not run again")
     p = add("tune", cmd_tune, "tune the config's tune: space as the Prefect flow 'tune-pipeline' (trials in parallel, "
             "pruned, resumable), then gate and register the best model", config=False)
     p.add_argument("config", help="pipeline YAML file with a tune: section (e.g. examples/digits_tune.yaml)")

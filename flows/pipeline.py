@@ -23,14 +23,24 @@ from pipeline_lib.cluster.report import ClusterReport
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import runs, storage
 from pipeline_lib.data import demo as demo_data
-from pipeline_lib.data.manifest import Manifest
-from pipeline_lib.evaluation.report import GateDecision
+from pipeline_lib.data.manifest import Manifest, dataset_intact
+from pipeline_lib.data.validation import ValidationReport
+from pipeline_lib.evaluation.consolidation import ExportResult, verify_export
+from pipeline_lib.evaluation.report import EvalReport, GateDecision
 from pipeline_lib.launch import launchers
 from pipeline_lib.planning import sharding
+from pipeline_lib.serving.validation import ModelValidation
 from pipeline_lib.tracking import lineage
 from pipeline_lib.tracking.artifacts import run_artifacts
 from pipeline_lib.tracking.params import pipeline_params
-from pipeline_lib.tracking.stage_record import files_digest
+from pipeline_lib.tracking.stage_record import (
+    StageRecord,
+    files_digest,
+    find_run_of_flow_run,
+    finished_summary,
+    resume_point,
+)
+from pipeline_lib.tracking.tracker import LoggedModel, ModelVersionInfo
 from pipeline_lib.training import strategy
 from pipeline_lib.training.results import TrainResult
 from tasks import stages
@@ -91,7 +101,8 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def run_pipeline(config: PipelineConfig, *, extra_tags: dict[str, str] | None = None) -> PipelineSummary:
+def run_pipeline(config: PipelineConfig, *, extra_tags: dict[str, str] | None = None,
+                 resume: str | None = None) -> PipelineSummary:
     """The body of the flow, shared with the retrain flow (which calls it as a subflow).
 
     With tracking enabled, the MLflow run starts once the storage check passed and always ends: FINISHED on
@@ -99,9 +110,21 @@ def run_pipeline(config: PipelineConfig, *, extra_tags: dict[str, str] | None = 
     Prefect cancellation. The supervisor's training restarts all log to this one run. A model the gate did not
     bless ends a FINISHED run tagged `tfdag.blessed=false`; it is registered only with `tracking.register: always`,
     and never when it failed the model check before registration (`tfdag.model_validated=false`).
+
+    `resume` (a run name, or `latest`) continues that run of this pipeline in place (`stage_record.resume_point`):
+    the stages it finished are not run again, training goes on from its last verified checkpoint, the same MLflow
+    run is reopened. A run that finished returns its summary and does nothing else.
     """
+    earlier = resume_point(config, resume) if resume else None
+    if earlier is not None:
+        finished = finished_summary(earlier[0], earlier[1], PipelineSummary, config.storage_options)
+        if finished is not None:
+            get_run_logger().info("run %s finished already: nothing to resume", finished.run_name)
+            return finished
     with tracked_run(config) as lifecycle:
-        return _run(config, lifecycle, get_run_logger(), extra_tags or {})
+        summary = _run(config, lifecycle, get_run_logger(), extra_tags or {}, earlier)
+    lifecycle.finish(summary)
+    return summary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,37 +151,40 @@ def prepare(config: PipelineConfig, progress: RunLifecycle, run_name: str, tags:
     progress("check_storage")
     demo_data.ensure_demo_source(config.data)
     stages.check_storage(config)
-    run_id = None
-    if config.tracking.enabled:
-        # Started before any data is converted, so that a failure in any later stage ends a FAILED run.
-        progress("start_tracking_run")
-        run_id = progress.start_run(run_name, tags).run_id
+    # Started (or, resuming, reopened) before any data is converted, so that a failure in any later stage ends a
+    # FAILED run.
+    run_id = progress.start_run(run_name, tags).run_id if config.tracking.enabled else None
     launchers.warm_up(config)  # e.g. the local launcher's fork server imports TensorFlow while data converts
-    progress("convert_to_tfrecords")
-    manifest = stages.convert_to_tfrecords(config)
-    progress.wrote({"dataset": manifest.dataset_uri},
-                   {"manifest_fingerprint": manifest.fingerprint, "manifest_content_hash": manifest.content_hash()})
+    # Resuming, the dataset the run converted, even when the source changed since (a changed source is a new run).
+    manifest = progress.once("convert_to_tfrecords", Manifest, lambda: stages.convert_to_tfrecords(config),
+                             verify=lambda kept: dataset_intact(kept, config.storage_options),
+                             record=lambda m: ({"dataset": m.dataset_uri}, {
+                                 "manifest_fingerprint": m.fingerprint, "manifest_content_hash": m.content_hash()}))
     progress("check_label")
     stages.check_label(config, manifest)
     if config.validation.enabled:
-        progress("validate_data")
-        stages.validate_data(config, manifest, run_id)
+        progress.once("validate_data", ValidationReport, lambda: stages.validate_data(config, manifest, run_id))
     progress("validate_cluster")
     cluster_report = stages.validate_cluster(config)
     return Prepared(manifest, cluster_report, run_id)
 
 
-def _run(config: PipelineConfig, progress: RunLifecycle, logger, extra_tags: dict[str, str]) -> PipelineSummary:
-    run_name = runs.new_run_name(config.name)
-    run_dir = progress.run_dir = runs.run_dir_for(config.output_root, run_name)
+def _run(config: PipelineConfig, progress: RunLifecycle, logger, extra_tags: dict[str, str],
+         earlier: tuple[str, StageRecord] | None) -> PipelineSummary:
+    if earlier is None:
+        run_name = runs.new_run_name(config.name)
+        run_dir, record = runs.run_dir_for(config.output_root, run_name), None
+    else:
+        (run_dir, record), run_name = earlier, earlier[1].run_name or ""
+    progress.begin(run_name, run_dir, record)
     tags = run_tags(run_name, extra_tags)
     prepared = prepare(config, progress, run_name, tags)
     manifest, run_id = prepared.manifest, prepared.run_id
-    progress("plan_shards")
-    plan = stages.plan_shards(config, manifest, strategy.replicas_per_worker(config.train))
-    progress("train")
-    train_result = stages.train(config, manifest, plan, run_dir, run_id)
-    progress.wrote({"run_dir": run_dir})
+    plan = progress.once("plan_shards", sharding.ShardPlan,
+                         lambda: stages.plan_shards(config, manifest, strategy.replicas_per_worker(config.train)))
+    # Training that stopped mid-way goes on in the same run directory, from its last verified checkpoint.
+    train_result = progress.once("train", TrainResult, lambda: stages.train(config, manifest, plan, run_dir, run_id),
+                                 record=lambda _: ({"run_dir": run_dir}, {}))
     return finish_model(config, progress, prepared, plan, train_result, run_name, run_dir, run_id, tags, logger)
 
 
@@ -168,38 +194,41 @@ def finish_model(config: PipelineConfig, progress: RunLifecycle, prepared: Prepa
     """The stages after training, for the model `train_result` left in `run_dir`: consolidation, evaluation, the
     champion, the model's log and check, the gate, tracking (into `run_id`) and registration."""
     manifest, cluster_report = prepared.manifest, prepared.cluster_report
-    progress("consolidate_checkpoints")
-    export = stages.consolidate_checkpoints(config, manifest, train_result, storage.join(run_dir, "export"))
-    progress.wrote({"export": export.export_dir}, {"export_files": files_digest(export.files),
-                                                   "checkpoint_step": str(export.checkpoint_step)})
-    progress("evaluate")
-    report = stages.evaluate(config, manifest, export.keras_path, storage.join(run_dir, "evaluation", "plots"))
-    champion = champion_report = None
+    export = progress.once(
+        "consolidate_checkpoints", ExportResult,
+        lambda: stages.consolidate_checkpoints(config, manifest, train_result, storage.join(run_dir, "export")),
+        verify=lambda kept: not verify_export(kept.export_dir, config.storage_options),
+        record=lambda e: ({"export": e.export_dir}, {"export_files": files_digest(e.files),
+                                                     "checkpoint_step": str(e.checkpoint_step)}))
+    report = progress.once("evaluate", EvalReport, lambda: stages.evaluate(
+        config, manifest, export.keras_path, storage.join(run_dir, "evaluation", "plots")))
+    champion = ChampionResult()
     if config.tracking.enabled and config.tracking.registered_model:
-        progress("evaluate_champion")
-        champion = find_champion(config)
-        if champion is not None:
-            champion_report = evaluate_champion(config, manifest, champion)
+        # The champion of now, unless the gate decided before an earlier attempt stopped.
+        gate_decided = progress.earlier is not None and progress.earlier.finished("gate") is not None
+        champion = progress.once("evaluate_champion", ChampionResult, lambda: _champion(config, manifest),
+                                 verify=lambda _: gate_decided)
     logged = validation = None
     if run_id and config.tracking.registered_model:
-        progress("log_model")  # logged, not registered: track registers it if the gate and the check allow
-        logged = stages.log_model(config, run_id, export, manifest, report.metrics)
-        progress.wrote({"model": logged.model_uri})
+        # Logged, not registered: track registers it if the gate and the check allow.
+        logged = progress.once("log_model", LoggedModel,
+                               lambda: stages.log_model(config, run_id, export, manifest, report.metrics),
+                               record=lambda m: ({"model": m.model_uri}, {}))
     if config.evaluation.validate_model:
-        progress("validate_model")
-        validation = stages.validate_model(config, manifest, export, logged, run_id)
-    progress("gate")
-    decision = stages.gate(config, report, champion_report, champion.version if champion else None, validation)
+        validation = progress.once("validate_model", ModelValidation,
+                                   lambda: stages.validate_model(config, manifest, export, logged, run_id))
+    decision = progress.once("gate", GateDecision, lambda: stages.gate(
+        config, report, champion.report, champion.version, validation))
     report = report.model_copy(update={"gate": decision})
 
     version = None
     if run_id:
-        progress("track")
         params = pipeline_params(config, train_result, plan, manifest, _versions())
         artifacts = run_artifacts(config, manifest, plan, train_result, export, report, cluster_report, run_dir)
-        version = stages.track(config, run_id, params, artifacts, report, decision, manifest, tags, logged, validation)
-        if version is not None:
-            progress.wrote({"registered_model": version.model_uri})
+        logged_params = progress.earlier is not None and progress.earlier.stage("track") is not None
+        version = progress.once("track", ModelVersionInfo | None, lambda: stages.track(
+            config, run_id, params, artifacts, report, decision, manifest, tags, logged, validation,
+            log_params=not logged_params), record=lambda v: ({"registered_model": v.model_uri} if v else {}, {}))
 
     logger.info(
         "pipeline %r done: %s | blessed: %s | MLflow run %s%s",
@@ -233,7 +262,7 @@ def finish_model(config: PipelineConfig, progress: RunLifecycle, prepared: Prepa
         blessed=decision.blessed,
         gate=decision,
         model_validated=validation.passed if validation else None,
-        champion_metrics=champion_report.metrics if champion_report else {},
+        champion_metrics=champion.report.metrics if champion.report else {},
         stopped_early=train_result.stopped_early,
         stopped_at_step=train_result.stopped_at_step,
         best_step=train_result.best_step,
@@ -241,6 +270,22 @@ def finish_model(config: PipelineConfig, progress: RunLifecycle, prepared: Prepa
         baseline_metrics=report.baseline,
         baseline_model=report.baseline_model,
     )
+
+
+class ChampionResult(BaseModel):
+    """The champion the gate compares with: its version and its evaluation on this run's eval split (None: none)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    version: int | None = None
+    report: EvalReport | None = None
+
+
+def _champion(config: PipelineConfig, manifest: Manifest) -> ChampionResult:
+    champion = find_champion(config)
+    if champion is None:
+        return ChampionResult()
+    return ChampionResult(version=champion.version, report=evaluate_champion(config, manifest, champion))
 
 
 def final_state(summary: PipelineSummary) -> PipelineSummary | State:
@@ -251,15 +296,28 @@ def final_state(summary: PipelineSummary) -> PipelineSummary | State:
     return Completed(name=NOT_BLESSED_STATE, message=f"trained, not blessed: {summary.gate.reason}", data=summary)
 
 
+def retried_run(config: PipelineConfig) -> str | None:
+    """The run an earlier attempt of this flow run started (Prefect's retry of a terminal flow run re-runs it under the
+    same id), to resume; None for a first attempt, or when that attempt stopped before recording a run."""
+    if (runtime.flow_run.run_count or 1) <= 1 or not runtime.flow_run.id:
+        return None
+    found = find_run_of_flow_run(config.output_root, str(runtime.flow_run.id), config.storage_options)
+    return found[1].run_name if found is not None else None
+
+
 @flow(name="training-pipeline", log_prints=True)
-def training_pipeline(config: PipelineConfig | str = DEFAULT_CONFIG) -> PipelineSummary:
+def training_pipeline(config: PipelineConfig | str = DEFAULT_CONFIG, resume: str | None = None) -> PipelineSummary:
     """Run the whole training pipeline.
 
     Args:
         config: the pipeline configuration: a YAML path, inline YAML, or the config itself. Inline YAML (or a
             mapping) is recorded by Prefect as it is, so it must hold no literal secret (see load_flow_config).
+        resume: a run name, or `latest`: finish that run of this pipeline in place (`tfdag run --resume`). A
+            retry of a flow run resumes the run its earlier attempt started; a new flow run is a new run.
 
     Returns:
         The PipelineSummary. The flow run ends Completed, named "Not blessed" when the gate did not bless the model.
     """
-    return final_state(run_pipeline(load_flow_config(config)))  # type: ignore[return-value]  # Prefect unwraps it
+    loaded = load_flow_config(config)
+    resume = resume or retried_run(loaded)
+    return final_state(run_pipeline(loaded, resume=resume))  # type: ignore[return-value]  # Prefect unwraps it

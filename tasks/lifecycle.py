@@ -16,24 +16,32 @@ finished.
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
-from prefect import get_run_logger
+from prefect import get_run_logger, runtime
 from prefect.artifacts import create_markdown_artifact
 from prefect.exceptions import TerminationSignal
 
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import events, storage
 from pipeline_lib.tracking.stage_record import (
+    SUMMARY,
     StageEntry,
     StageRecord,
     StageStatus,
+    keep_result,
+    read_kept,
     write_stage_record,
 )
 from pipeline_lib.tracking.tracker import RunStatus, TrackedRun, open_tracker
 from tasks import stages
 from tasks.progress import artifact_key
+
+Result = TypeVar("Result")
 
 
 class RunLifecycle:
@@ -47,9 +55,64 @@ class RunLifecycle:
         self.run_dir: str | None = None
         self.run_name: str | None = None
         self.emit_events = emit_events
+        self.earlier: StageRecord | None = None  # the record of the attempt this one resumes
+        self._created = time.time()
+        self._flow_run_id: str | None = None
+        self._summary: str | None = None
         self._started: float | None = None
         self._entries: list[StageEntry] = []
         self._record_failed = False
+
+    def begin(self, run_name: str, run_dir: str, earlier: StageRecord | None = None) -> None:
+        """The run's name and directory, and the record of the attempt it resumes (None: a new run); the stage
+        record is written now. A resumed attempt's Prefect flow run that is still RUNNING (its process died) is
+        marked Crashed, so that Prefect can retry it and no one waits for it."""
+        self.run_name, self.run_dir, self.earlier = run_name, run_dir, earlier
+        self._flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
+        if earlier is not None:
+            self._created = earlier.created_at or self._created
+            self._entries = list(earlier.stages)
+            if earlier.prefect_flow_run_id and earlier.prefect_flow_run_id != self._flow_run_id:
+                _mark_crashed(earlier.prefect_flow_run_id, run_name)
+        self._write_record()
+
+    def once(self, stage: str, kind: Any, run: Callable[[], Result], *,
+             verify: Callable[[Result], bool] | None = None,
+             record: Callable[[Result], tuple[dict[str, str], dict[str, str]]] | None = None) -> Result:
+        """Stage `stage`: the result (of type `kind`) the attempt this one resumes kept when it finished the stage and
+        the result passes `verify`; otherwise the stage runs now (`run()`), its result is kept, and `record(result)`
+        gives the outputs and digests the stage record lists for it."""
+        if self.earlier is not None and (entry := self.earlier.finished(stage)) is not None:
+            found, result = read_kept(self.run_dir, stage, entry.kept, kind, self._options)
+            if found and (verify is None or verify(result)):
+                get_run_logger().info("stage %s finished in an earlier attempt of run %s and its result is verified: "
+                                      "not run again", stage, self.run_name)
+                return result
+        self(stage)
+        result = run()
+        if record is not None:
+            self.wrote(*record(result))
+        self.keep(kind, result)
+        return result
+
+    def keep(self, kind: Any, result: Any) -> None:
+        """Keep the running stage's result (of type `kind`) beside the stage record, for a resumed run."""
+        if self.run_dir is None or not self._entries:
+            return
+        digest = keep_result(self.run_dir, self.stage, result, kind, self._options)
+        self._entries[-1] = self._entries[-1].model_copy(update={"kept": digest})
+        self._write_record()
+
+    def finish(self, summary: Any) -> None:
+        """The run finished: its summary kept (`tfdag run --resume` of it prints it and does nothing else)."""
+        if self.run_dir is None:
+            return
+        self._summary = keep_result(self.run_dir, SUMMARY, summary, type(summary), self._options)
+        self._write_record()
+
+    @property
+    def _options(self) -> dict[str, Any]:
+        return dict(self.config.storage_options) if self.config is not None else {}
 
     @property
     def run_id(self) -> str | None:
@@ -85,9 +148,17 @@ class RunLifecycle:
         self._write_record()
 
     def start_run(self, run_name: str, tags: dict[str, str]) -> TrackedRun:
-        """Start the flow's tracked run (the `start_tracking_run` task): it ends with the lifecycle."""
+        """Start the flow's tracked run (the `start_tracking_run` task), or reopen the one of the attempt this one
+        resumes (back to RUNNING): it ends with the lifecycle."""
         assert self.config is not None
-        run_id = stages.start_tracking_run(self.config, run_name, tags)
+        earlier_id = self.earlier.tracking_run_id if self.earlier is not None else None
+        if earlier_id:
+            self("reopen_tracking_run")
+            stages.reopen_tracking_run(self.config, earlier_id)
+            run_id = earlier_id
+        else:
+            self("start_tracking_run")
+            run_id = stages.start_tracking_run(self.config, run_name, tags)
         self.run, self.owns_run = open_tracker(self.config).get_run(run_id), True
         self.wrote({"tracking_run_id": run_id})
         return self.run
@@ -141,13 +212,31 @@ class RunLifecycle:
         if self.run_dir is None or self.config is None:
             return
         record = StageRecord(pipeline=self.config.name, run_name=self.run_name, tracking_run_id=self.run_id,
-                             stages=tuple(self._entries))
+                             created_at=self._created, prefect_flow_run_id=self._flow_run_id,
+                             config=self.config.model_dump(mode="json"), host=socket.gethostname(), pid=os.getpid(),
+                             summary=self._summary, stages=tuple(self._entries))
         try:
             write_stage_record(self.run_dir, record, self.config.storage_options)
         except Exception as error:  # noqa: BLE001 - the stage's own error (storage) is the one to report
             if not self._record_failed:
                 get_run_logger().warning("stage record not written to %s: %s", self.run_dir, error)
             self._record_failed = True
+
+
+def _mark_crashed(flow_run_id: str, run_name: str) -> None:
+    """Mark a flow run whose process died Crashed when Prefect still has it running (best effort)."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(flow_run_id).state
+            if state is not None and not state.is_final():
+                client.set_flow_run_state(flow_run_id, Crashed(message=f"its process ended without a final state; run "
+                                                                       f"{run_name} was resumed by another flow run"),
+                                          force=True)
+    except Exception as error:  # noqa: BLE001 - the resumed run goes on either way
+        get_run_logger().warning("flow run %s not marked Crashed: %s", flow_run_id, error)
 
 
 @contextlib.contextmanager

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from pipeline_lib.config import PredictConfig
 from pipeline_lib.prediction.predict import PredictResult, predict
 from tasks.retry import transient_retries
 
 
-@task(name="predict_table", **transient_retries())
+@task(cache_policy=NO_CACHE, name="predict_table", **transient_retries())
 def predict_table(config: PredictConfig) -> PredictResult:
     """A storage outage or an MLflow server that does not answer is retried: the output appears whole or not at all,
     so a retry starts clean."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import tempfile
 
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import storage
@@ -18,7 +19,7 @@ from pipeline_lib.training.warm_start import write_warm_start_checkpoint
 from tasks.retry import transient_retries
 
 
-@task(name="fingerprint_source", **transient_retries())
+@task(cache_policy=NO_CACHE, name="fingerprint_source", **transient_retries())
 def fingerprint_source(config: PipelineConfig) -> SourceFingerprint:
     """A listing (paths, sizes, mtimes or etags) and the conversion settings; an object store listing can fail
     transiently: retried."""
@@ -28,14 +29,14 @@ def fingerprint_source(config: PipelineConfig) -> SourceFingerprint:
     return fingerprint
 
 
-@task(name="find_champion", **transient_retries())
+@task(cache_policy=NO_CACHE, name="find_champion", **transient_retries())
 def find_champion(config: PipelineConfig) -> VersionInfo | None:
     name = config.tracking.registered_model
     assert name is not None
     return open_tracker(config).get_champion(name)
 
 
-@task(name="find_last_attempt", **transient_retries())
+@task(cache_policy=NO_CACHE, name="find_last_attempt", **transient_retries())
 def find_last_attempt(config: PipelineConfig, fingerprint: SourceFingerprint,
                       config_hash: str) -> tuple[VersionInfo | None, str | None]:
     """The newest registered version, and the newest run on this data and config that was not blessed."""
@@ -45,7 +46,7 @@ def find_last_attempt(config: PipelineConfig, fingerprint: SourceFingerprint,
     return tracker.latest_version(name), tracker.last_refused_run(fingerprint, config_hash)
 
 
-@task(name="prepare_warm_start", **transient_retries())
+@task(cache_policy=NO_CACHE, name="prepare_warm_start", **transient_retries())
 def prepare_warm_start(config: PipelineConfig, champion: VersionInfo) -> str:
     target = storage.join(config.output_root, "warm_start", f"{champion.name}-v{champion.version}")
     with tempfile.TemporaryDirectory(prefix="tfdag-champion-") as tmp:
@@ -55,7 +56,7 @@ def prepare_warm_start(config: PipelineConfig, champion: VersionInfo) -> str:
     return prefix
 
 
-@task(name="evaluate_champion", **transient_retries(1))
+@task(cache_policy=NO_CACHE, name="evaluate_champion", **transient_retries(1))
 def evaluate_champion(config: PipelineConfig, manifest: Manifest, champion: VersionInfo) -> EvalReport:
     """The champion on the challenger's eval split: the same manifest, the same evaluation function."""
     with tempfile.TemporaryDirectory(prefix="tfdag-champion-") as tmp:
@@ -66,7 +67,7 @@ def evaluate_champion(config: PipelineConfig, manifest: Manifest, champion: Vers
     return report
 
 
-@task(name="record_decision", **transient_retries())
+@task(cache_policy=NO_CACHE, name="record_decision", **transient_retries())
 def record_decision(config: PipelineConfig, challenger_version: int, decision: GateDecision,
                     fingerprint: SourceFingerprint, config_hash: str) -> VersionInfo:
     name = config.tracking.registered_model

@@ -2,6 +2,10 @@
 
 Tasks that touch storage or a server retry, but only transient failures (`tasks.retry.retry_if_transient`): a
 config, data or credentials error fails the same way on every attempt and fails at once.
+
+No task caches its result (`cache_policy=NO_CACHE`): Prefect's default key (the flow run and the task's source)
+misses on a retried flow run and after a fix. A resumed run skips what already finished by its stage record
+(`tasks.lifecycle`), which checks each kept result's digest.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from prefect.artifacts import (
     create_markdown_artifact,
     create_table_artifact,
 )
+from prefect.cache_policies import NO_CACHE
 
 from pipeline_lib.cluster import check as cluster_check
 from pipeline_lib.cluster.report import ClusterReport
@@ -50,14 +55,14 @@ from tasks.progress import artifact_key as _key
 from tasks.retry import transient_retries
 
 
-@task(name="check_storage", **transient_retries())
+@task(cache_policy=NO_CACHE, name="check_storage", **transient_retries())
 def check_storage(config: PipelineConfig) -> None:
     """Every URI readable/writable with its credentials, before any data is converted or a cluster starts."""
     checked = storage.check_storage(config)
     get_run_logger().info("storage reachable: %s", ", ".join(checked))
 
 
-@task(name="convert_to_tfrecords", **transient_retries())
+@task(cache_policy=NO_CACHE, name="convert_to_tfrecords", **transient_retries())
 def convert_to_tfrecords(config: PipelineConfig) -> Manifest:
     """Storage I/O can fail transiently (an object store outage): retried; bad input is not.
 
@@ -76,7 +81,7 @@ def convert_to_tfrecords(config: PipelineConfig) -> Manifest:
     return manifest
 
 
-@task(name="check_label", **transient_retries())
+@task(cache_policy=NO_CACHE, name="check_label", **transient_retries())
 def check_label(config: PipelineConfig, manifest: Manifest) -> None:
     """A label with one value in the train split stops the pipeline here, before any training, whatever
     `validation` says (`data.validation.check_label`)."""
@@ -84,7 +89,7 @@ def check_label(config: PipelineConfig, manifest: Manifest) -> None:
                                 config.model.task)
 
 
-@task(name="validate_data", **transient_retries())
+@task(cache_policy=NO_CACHE, name="validate_data", **transient_retries())
 def validate_data(config: PipelineConfig, manifest: Manifest, run_id: str | None) -> ValidationReport:
     """Statistics as artifacts (Prefect and MLflow, where they make this run a later run's baseline), then the
     check against the baseline; an anomaly `validation.allow` does not accept stops the pipeline here."""
@@ -116,7 +121,7 @@ def validate_data(config: PipelineConfig, manifest: Manifest, run_id: str | None
     return report
 
 
-@task(name="plan_shards")
+@task(cache_policy=NO_CACHE, name="plan_shards")
 def plan_shards(config: PipelineConfig, manifest: Manifest, replicas_per_worker: int) -> sharding.ShardPlan:
     plan = sharding.plan_for_train(manifest, config.train, replicas_per_worker)
     logger = get_run_logger()
@@ -127,7 +132,7 @@ def plan_shards(config: PipelineConfig, manifest: Manifest, replicas_per_worker:
     return plan
 
 
-@task(name="validate_cluster")
+@task(cache_policy=NO_CACHE, name="validate_cluster")
 def validate_cluster(config: PipelineConfig) -> ClusterReport:
     report = cluster_check.validate_cluster(config)
     create_markdown_artifact(report.to_markdown(), key=_key(f"{config.name}-cluster-report"),
@@ -135,7 +140,7 @@ def validate_cluster(config: PipelineConfig) -> ClusterReport:
     return report
 
 
-@task(name="start_tracking_run", **transient_retries())
+@task(cache_policy=NO_CACHE, name="start_tracking_run", **transient_retries())
 def start_tracking_run(config: PipelineConfig, run_name: str, tags: dict[str, str]) -> str:
     """The run's tracked run (`Tracker.start_run`): its id."""
     run_id = open_tracker(config).start_run(run_name, tags=tags).run_id
@@ -144,7 +149,15 @@ def start_tracking_run(config: PipelineConfig, run_name: str, tags: dict[str, st
     return run_id
 
 
-@task(name="train")
+@task(cache_policy=NO_CACHE, name="reopen_tracking_run", **transient_retries())
+def reopen_tracking_run(config: PipelineConfig, run_id: str) -> None:
+    """The tracked run of the attempt a resumed run continues, back to RUNNING (`Tracker.reopen`)."""
+    open_tracker(config).reopen(run_id)
+    get_run_logger().info("MLflow run %s reopened in experiment %r at %s", run_id, config.tracking.experiment,
+                          config.mlflow_uri_shown)
+
+
+@task(cache_policy=NO_CACHE, name="train")
 def train(config: PipelineConfig, manifest: Manifest, plan: sharding.ShardPlan, run_dir: str,
           mlflow_run_id: str | None) -> TrainResult:
     """No Prefect retry and no Prefect timeout: the supervisor owns restarts and timeouts of its processes."""
@@ -188,7 +201,7 @@ def _preflight_artifact(config: PipelineConfig, run_dir: str) -> None:
                                  description="Cross-worker preflight")
 
 
-@task(name="consolidate_checkpoints")
+@task(cache_policy=NO_CACHE, name="consolidate_checkpoints")
 def consolidate_checkpoints(config: PipelineConfig, manifest: Manifest, train_result: TrainResult,
                             export_dir: str) -> consolidation.ExportResult:
     export = consolidation.consolidate(config, manifest, train_result, export_dir)
@@ -197,7 +210,7 @@ def consolidate_checkpoints(config: PipelineConfig, manifest: Manifest, train_re
     return export
 
 
-@task(name="evaluate")
+@task(cache_policy=NO_CACHE, name="evaluate")
 def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, plots_dir: str | None = None) -> EvalReport:
     """Metrics, metrics per slice and the plots (PNG under `plots_dir`) of the exported model on the eval split."""
     report = evaluation.evaluate(config, manifest, model_path, plots_dir=plots_dir)
@@ -217,7 +230,7 @@ def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, plots_
     return report
 
 
-@task(name="log_model", **transient_retries())
+@task(cache_policy=NO_CACHE, name="log_model", **transient_retries())
 def log_model(config: PipelineConfig, run_id: str, export: consolidation.ExportResult, manifest: Manifest,
               metrics: dict[str, float]) -> LoggedModel:
     """The export logged to the run as an MLflow model (not registered: `track` registers it if it may), with the
@@ -229,7 +242,7 @@ def log_model(config: PipelineConfig, run_id: str, export: consolidation.ExportR
     return logged
 
 
-@task(name="validate_model", **transient_retries())
+@task(cache_policy=NO_CACHE, name="validate_model", **transient_retries())
 def validate_model(config: PipelineConfig, manifest: Manifest, export: consolidation.ExportResult,
                    logged: LoggedModel | None, run_id: str | None) -> model_check.ModelValidation:
     """The model check before registration (`serving.validation`); its result on the run (`tfdag.model_validated`)
@@ -252,7 +265,7 @@ def validate_model(config: PipelineConfig, manifest: Manifest, export: consolida
     return result
 
 
-@task(name="gate")
+@task(cache_policy=NO_CACHE, name="gate")
 def gate(config: PipelineConfig, report: EvalReport, champion_report: EvalReport | None,
          champion_version: int | None, validation: model_check.ModelValidation | None = None) -> GateDecision:
     """`evaluation.gate`: the threshold, then the margin over the champion on the same eval split; a model that
@@ -270,17 +283,19 @@ def gate(config: PipelineConfig, report: EvalReport, champion_report: EvalReport
     return decision
 
 
-@task(name="track", **transient_retries())
+@task(cache_policy=NO_CACHE, name="track", **transient_retries())
 def track(config: PipelineConfig, run_id: str, params: dict[str, Any], artifacts: dict[str, str | bytes],
           eval_report: EvalReport, decision: GateDecision, manifest: Manifest, tags: dict[str, str],
           logged: LoggedModel | None = None,
-          validation: model_check.ModelValidation | None = None) -> ModelVersionInfo | None:
-    """Params, metrics, artifacts and the blessing on the run; the logged model is registered only as
-    `tracking.register` says, and never after a failed model check (`registration.why_not_registered`)."""
+          validation: model_check.ModelValidation | None = None, log_params: bool = True) -> ModelVersionInfo | None:
+    """Params (unless `log_params` is False: an earlier attempt of a resumed run logged them), metrics, artifacts
+    and the blessing on the run; the logged model is registered only as `tracking.register` says, never after a
+    failed model check (`registration.why_not_registered`), and once per run."""
     tracker = open_tracker(config)
     run = tracker.get_run(run_id)
     logger = get_run_logger()
-    run.log_params(params)
+    if log_params:
+        run.log_params(params)
     run.log_slice_metrics(eval_report.slices)
     run.log_metrics(eval_report.baseline, prefix=BASELINE_METRIC_PREFIX)
     run.log_datasets(manifest, config.name)
@@ -305,7 +320,7 @@ def track(config: PipelineConfig, run_id: str, params: dict[str, Any], artifacts
     return version
 
 
-@task(name="finish_tracking_run", **transient_retries())
+@task(cache_policy=NO_CACHE, name="finish_tracking_run", **transient_retries())
 def finish_tracking_run(config: PipelineConfig, run_id: str, status: RunStatus,
                         failed_stage: str | None = None) -> None:
     """End the tracked run FINISHED, FAILED or KILLED; a failed run names the stage that raised."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
 
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.config.tune_space import value_at
@@ -28,7 +29,7 @@ def trials_artifact_key(config: PipelineConfig) -> str:
     return _key(f"{config.name}-tune-trials")
 
 
-@task(name="run_trials")
+@task(cache_policy=NO_CACHE, name="run_trials")
 def run_trials(config: PipelineConfig, manifest: Manifest, parent_run_id: str | None) -> runner.StudyResult:
     """Run the study to its budget (`runner.run_study`). Each trial trains with the config's launcher (the same
     supervisor, watchdog and restarts as `tfdag run`) into an MLflow run nested under `parent_run_id`; the parent

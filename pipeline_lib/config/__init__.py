@@ -38,6 +38,7 @@ from pipeline_lib.config.evaluation import (  # noqa: F401
     SliceSpec,
 )
 from pipeline_lib.config.pipeline import (  # noqa: F401
+    RESUME_SAFE_KEYS,
     PipelineConfig,
     format_validation_error,
     load_config,

@@ -35,6 +35,10 @@ from pipeline_lib.config.tune_space import check_tune
 from pipeline_lib.core import storage
 from pipeline_lib.core.secrets import SecretEnv, mask_url_passwords, secrets_context
 
+# The keys a resumed run may change (`tfdag run --resume`): how training is supervised, not what it trains. They
+# are neither MLflow params nor part of config_hash.
+RESUME_SAFE_KEYS = ("train.max_restarts", "train.restart_backoff_s", "train.hang_timeout_s", "train.timeout_s")
+
 
 class PipelineConfig(_Frozen):
     name: str = "pipeline"
@@ -135,9 +139,20 @@ class PipelineConfig(_Frozen):
 
     def config_hash(self) -> str:
         """Stable sha256 of the configuration as it is shown: a literal secret enters masked, a `${NAME}` reference
-        as written, so the hash holds nothing of a credential."""
-        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
-        return hashlib.sha256(payload).hexdigest()
+        as written, so the hash holds nothing of a credential. The RESUME_SAFE_KEYS are left out."""
+        shown = self.model_dump(mode="json")
+        for key in RESUME_SAFE_KEYS:
+            section, name = key.split(".")
+            shown[section].pop(name, None)
+        return hashlib.sha256(json.dumps(shown, sort_keys=True).encode()).hexdigest()
+
+    def changed_keys(self, recorded: Mapping[str, Any]) -> list[str]:
+        """The key paths whose values differ from `recorded` (the `model_dump(mode="json")` of an earlier config,
+        credentials masked on both sides), RESUME_SAFE_KEYS left out."""
+        now, before = dict(_leaves(self.model_dump(mode="json"))), dict(_leaves(recorded))
+        missing = object()
+        return sorted(key for key in now.keys() | before.keys()
+                      if key not in RESUME_SAFE_KEYS and now.get(key, missing) != before.get(key, missing))
 
 
 def _leaves(value: Any, where: str = "") -> list[tuple[str, Any]]:

@@ -16,7 +16,12 @@ def new_run_name(pipeline_name: str) -> str:
     return f"{safe}-{stamp}-{uuid.uuid4().hex[:6]}"
 
 
-def run_dir_for(output_root: str, run_name: str) -> str:
-    """<output_root>/runs/<run_name>; absolute for a local root, so every process agrees on it."""
+def runs_dir(output_root: str) -> str:
+    """<output_root>/runs, where every run directory is; absolute for a local root, so every process agrees on it."""
     root = storage.local_path(output_root) if storage.is_local(output_root) else output_root
-    return storage.join(root, "runs", run_name)
+    return storage.join(root, "runs")
+
+
+def run_dir_for(output_root: str, run_name: str) -> str:
+    """<output_root>/runs/<run_name>."""
+    return storage.join(runs_dir(output_root), run_name)

@@ -147,3 +147,17 @@ def load_manifest(dataset_uri: str, storage_options: dict[str, Any] | None = Non
     fs, path = storage.get_fs(storage.join(dataset_uri, MANIFEST_NAME), storage_options)
     with fs.open(path, "rb") as handle:
         return Manifest.model_validate_json(handle.read())
+
+
+def dataset_intact(manifest: Manifest, storage_options: dict[str, Any] | None = None) -> bool:
+    """Whether the dataset `manifest` describes is still complete on storage: its manifest.json has the same content
+    hash and every shard file is there with its size (one listing; the digests themselves are read by training)."""
+    try:
+        stored = load_manifest(manifest.dataset_uri, storage_options)
+        fs, root = storage.get_fs(manifest.dataset_uri, storage_options)
+        sizes = {path: info.get("size") for path, info in fs.find(root, detail=True).items()}
+    except (OSError, ValueError):
+        return False
+    if stored.content_hash() != manifest.content_hash():
+        return False
+    return all(sizes.get(storage.join(root, shard.path).rstrip("/")) == shard.num_bytes for shard in manifest.shards)

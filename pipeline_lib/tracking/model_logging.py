@@ -126,6 +126,7 @@ def log_model(run_id: str, tracking_uri: str, saved_model_dir: str, keras_path: 
                if isinstance(example_input, Manifest) else example_input)
     client = create_client(tracking_uri)
     experiment_id = client.get_run(run_id).info.experiment_id
+    _fail_pending_models(client, experiment_id, run_id)
     with contextlib.ExitStack() as stack:
         saved_local = _local_dir(saved_model_dir, storage_options, stack)
         outputs = tfdag_scoring.Scorer(saved_local).predict(example)
@@ -160,6 +161,19 @@ def log_model(run_id: str, tracking_uri: str, saved_model_dir: str, keras_path: 
     return LoggedModel(model_uri=f"models:/{logged.model_id}", model_id=logged.model_id, run_id=run_id)
 
 
+def _fail_pending_models(client, experiment_id: str, run_id: str) -> None:
+    """A model of the run left PENDING (an attempt killed while logging it, which a resumed run logs again) is
+    marked FAILED: the run ends with one READY model."""
+    from mlflow.entities import LoggedModelStatus
+
+    for model in client.search_logged_models(experiment_ids=[experiment_id],
+                                             filter_string=f"source_run_id = '{run_id}'"):
+        if model.status == LoggedModelStatus.PENDING:
+            client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
+            logger.info("model %s of run %s was left pending by an earlier attempt: marked failed", model.model_id,
+                        run_id)
+
+
 def read_schema(saved_model_dir: str) -> Schema:
     """The feature columns of an exported SavedModel (from `tfdag_serving.json`) as a Schema."""
     spec = tfdag_scoring.read_serving_spec(saved_model_dir)
@@ -184,15 +198,25 @@ def _local_file(uri: str, storage_options: Mapping[str, Any] | None, stack: cont
 
 def register_model(tracking_uri: str, logged: LoggedModel, registered_name: str, *,
                    tags: Mapping[str, Any] | None = None) -> ModelVersionInfo:
-    """Register a logged model as the next version of `registered_name`, with tags (credential-like dropped)."""
+    """Register a logged model as the next version of `registered_name`, with tags (credential-like dropped).
+
+    A run registers once: when a version of `registered_name` from the logged model's run exists (an attempt
+    killed after registering, then resumed), that version is returned and none is added."""
     import mlflow
 
+    client = create_client(tracking_uri)
+    earlier = client.search_model_versions(f"name = '{registered_name}' and run_id = '{logged.run_id}'")
+    if earlier:
+        version = min(int(v.version) for v in earlier)
+        logger.info("%s version %d is already registered from run %s", registered_name, version, logged.run_id)
+        return ModelVersionInfo(name=registered_name, version=version,
+                                model_uri=f"models:/{registered_name}/{version}", logged_model_uri=logged.model_uri,
+                                run_id=logged.run_id, flavor=logged.flavor)
     # register_model prints "Successfully registered model ..." to stderr; the log line below says it once.
     with global_tracking_uri(tracking_uri), contextlib.redirect_stderr(io.StringIO()) as printed:
         version_info = mlflow.register_model(logged.model_uri, registered_name)
     logger.debug("mlflow.register_model: %s", printed.getvalue().strip())
     version = int(version_info.version)
-    client = create_client(tracking_uri)
     for name, value in clean_tags(tags).items():
         client.set_model_version_tag(registered_name, str(version), name, value)
     logger.info("registered %s version %d from run %s", registered_name, version, logged.run_id)

@@ -86,3 +86,41 @@ def test_a_listener_stops_the_run_at_a_stage_boundary(memory_store, tmp_path, pr
     record = read_stage_record(str(run_dir))
     assert record.stage("convert_to_tfrecords").status == StageStatus.FINISHED
     assert record.stage("train").status == StageStatus.KILLED
+
+
+def test_a_run_stopped_at_evaluate_resumes_in_place_without_converting_or_training_again(memory_store, tmp_path,
+                                                                                          prefect_api):
+    """`resume="latest"` (what `tfdag run --resume` passes): the same tracked run reopened and FINISHED, the stages the
+    stopped attempt finished not run again, a changed config refused naming its keys, a finished run left alone."""
+    from flows.pipeline import training_pipeline
+    from pipeline_lib.tracking.stage_record import ResumeError
+
+    def stop_at_evaluate(event):
+        if isinstance(event, events.StageStarted) and event.name == "evaluate":
+            raise KeyboardInterrupt
+
+    config = memory_config(tmp_path)
+    with events.listening(stop_at_evaluate), pytest.raises(KeyboardInterrupt):
+        training_pipeline(config)
+    [(run_id, run)] = memory_store.runs.items()
+    assert run.status == "KILLED"
+
+    changed = memory_config(tmp_path, metrics=["loss", "accuracy", "auc"])
+    with pytest.raises(ResumeError, match=r"the config changed since that run started, at evaluation\.metrics\[2\]"):
+        training_pipeline(changed, resume="latest")
+
+    summary = training_pipeline(config.model_copy(update={"train": config.train.model_copy(
+        update={"max_restarts": 7})}), resume="latest")  # a key a resumed run may change
+    assert summary.mlflow_run_id == run_id and list(memory_store.runs) == [run_id]
+    assert run.status == "FINISHED" and "tfdag.failed_stage" not in run.tags
+    assert summary.final_step == 30 and summary.model_version == "1"
+    record = read_stage_record(summary.run_dir)
+    names = [s.name for s in record.stages]
+    for once in ("convert_to_tfrecords", "plan_shards", "train", "consolidate_checkpoints", "log_model", "track"):
+        assert names.count(once) == 1, names
+    assert [s.status for s in record.stages if s.name == "evaluate"] == [StageStatus.KILLED, StageStatus.FINISHED]
+    assert names.index("reopen_tracking_run") > names.index("train")
+    assert record.summary is not None
+
+    assert training_pipeline(config, resume=summary.run_name) == summary  # finished: nothing done
+    assert read_stage_record(summary.run_dir) == record

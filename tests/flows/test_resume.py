@@ -1,0 +1,147 @@
+"""`tfdag run --resume` from outside, against the session's Prefect server and MLflow server: one run whose process
+group is SIGKILLed mid-training and at later stages, resumed after each kill, ends as one run. It trains to its
+planned final step, has one MLflow run (FINISHED) and one registered version, and runs no stage again whose output
+was complete. A finished run resumed does nothing, and a changed config is refused, naming its keys.
+
+By default the run is killed twice: mid-training (after its first checkpoint) and at the start of `evaluate`. With
+TFDAG_RESUME_MATRIX=full it is killed at every stage boundary in turn, with the model check on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline_lib.tracking.stage_record import (
+    StageRecord,
+    StageStatus,
+    read_stage_record,
+)
+from tests.flows.test_pipeline_flow import ROOT, digits_config
+
+pytestmark = pytest.mark.slow
+
+FULL = os.environ.get("TFDAG_RESUME_MATRIX") == "full"
+# (stage, wait for a checkpoint): the flow's process group is SIGKILLed once the stage record shows the stage running.
+KILLS = ((("convert_to_tfrecords", False), ("plan_shards", False), ("train", True), ("consolidate_checkpoints", False),
+          ("evaluate", False), ("evaluate_champion", False), ("log_model", False), ("validate_model", False),
+          ("gate", False), ("track", False)) if FULL else (("train", True), ("evaluate", False)))
+MODEL_NAME = "digits-resume-test"
+# What every attempt does again: checks that write nothing (storage, the label, the cluster) and reopening the run.
+EVERY_ATTEMPT = {"check_storage", "check_label", "validate_cluster", "reopen_tracking_run"}
+
+
+def _config(tmp_path: Path, mlflow_url: str) -> Path:
+    data = digits_config(tmp_path, strategy="default", cpu_replicas=None, isolation="none", epochs=8,
+                         checkpoint_every_steps=40, early_stopping={"enabled": False})
+    data["name"] = "digits-resume"
+    data["tracking"] = {"mlflow_uri": mlflow_url, "experiment": f"resume-{tmp_path.name}",
+                        "registered_model": MODEL_NAME, "register": "always"}
+    data["evaluation"]["validate_model"] = FULL
+    path = tmp_path / "digits-resume.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _tfdag(env: dict[str, str], *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", "run", *args, "--json"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _record(runs: Path) -> tuple[Path, StageRecord] | None:
+    for run_dir in runs.glob("*") if runs.exists() else ():
+        try:
+            record = read_stage_record(str(run_dir))
+        except ValueError:  # caught mid-rename: read it on the next poll
+            continue
+        if record is not None:
+            return run_dir, record
+    return None
+
+
+def _kill_at(process: subprocess.Popen, runs: Path, stage: str, after_checkpoint: bool) -> str:
+    """SIGKILL the process group once `stage` runs (and, with `after_checkpoint`, a checkpoint exists); returns the
+    stage the record shows running at the kill."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the run ended before stage {stage}: {process.stderr.read()[-3000:]}"
+        found = _record(runs)
+        if found is not None:
+            run_dir, record = found
+            last = record.stages[-1] if record.stages else None
+            names = [s.name for s in record.stages]
+            passed = stage in names and (last.name != stage or last.status != StageStatus.RUNNING)
+            running = last is not None and last.name == stage and last.status == StageStatus.RUNNING
+            # A checkpoint is complete (verified on restore) once its manifest is written, last.
+            ready = not after_checkpoint or any((run_dir / "checkpoints").glob("ckpt-*.manifest.json"))
+            if (running and ready) or passed:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=60)
+                return last.name if last is not None else ""
+        time.sleep(0.02)
+    raise AssertionError(f"stage {stage} did not start within 300 s")
+
+
+def test_a_run_sigkilled_mid_training_and_at_later_stages_resumes_each_time_into_one_run(
+        tfdag_stack, prefect_api, mlflow_client, tmp_path):
+    from prefect.client.orchestration import get_client
+
+    config = _config(tmp_path, tfdag_stack.state.mlflow_url)
+    env = tfdag_stack.cli_env()
+    runs = tmp_path / "out" / "runs"
+    killed_in = []
+    process = _tfdag(env, str(config))
+    for stage, after_checkpoint in KILLS:
+        killed_in.append(_kill_at(process, runs, stage, after_checkpoint))
+        process = _tfdag(env, str(config), "--resume")
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err[-4000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert "train" in killed_in, killed_in
+
+    run_dir, record = _record(runs)
+    assert [p.name for p in runs.iterdir()] == [run_dir.name] == [summary["run_name"]]
+    plan = json.loads((run_dir / "stages" / "plan_shards.json").read_text())
+    assert summary["final_step"] == plan["total_steps"]
+    train = json.loads((run_dir / "stages" / "train.json").read_text())
+    assert train["start_step"] > 0, "training went on from its checkpoint"
+    finished = [s.name for s in record.stages if s.status == StageStatus.FINISHED and s.name not in EVERY_ATTEMPT]
+    assert len(finished) == len(set(finished)), f"a stage that finished ran again: {finished}"
+    assert [s.name for s in record.stages].count("reopen_tracking_run") == len(KILLS)
+
+    [run] = mlflow_client.search_runs([mlflow_client.get_experiment_by_name(f"resume-{tmp_path.name}").experiment_id])
+    assert run.info.run_id == summary["mlflow_run_id"] and run.info.status == "FINISHED"
+    assert "tfdag.failed_stage" not in run.data.tags
+    assert [v.version for v in mlflow_client.search_model_versions(f"name = '{MODEL_NAME}'")] == ["1"]
+    assert summary["model_version"] == "1"
+    first_flow_run = run.data.tags["prefect_flow_run_id"]  # the tags of the run's first attempt
+    with get_client(sync_client=True) as prefect:
+        assert prefect.read_flow_run(first_flow_run).state.is_crashed(), "the killed attempt's flow run is closed"
+
+    # Finished: resumed again, it prints its summary and exits with its code, and writes nothing.
+    before = (run_dir / "stages.json").read_bytes()
+    again = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config), "--resume", summary["run_name"],
+                            "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout.strip().splitlines()[-1]) == summary
+    assert (run_dir / "stages.json").read_bytes() == before
+
+    # A changed config is refused before Prefect starts, naming the keys; a key a resume may change is not one.
+    changed = yaml.safe_load(config.read_text())
+    changed["train"].update(epochs=9, max_restarts=5)
+    changed["evaluation"]["gate"] = {"threshold": 0.5}
+    config.write_text(yaml.safe_dump(changed))
+    refused = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config), "--resume"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=600, check=False)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert (f"tfdag: --resume {summary['run_name']}: the config changed since that run started, at "
+            "evaluation.gate.threshold, train.epochs;") in refused.stderr
+    assert "tfdag | Prefect" not in refused.stdout
