@@ -242,18 +242,19 @@ def cmd_stack(args: argparse.Namespace) -> int:
 
 
 class _UserErrorTracebackFilter(logging.Filter):
-    """Keeps user errors to the CLI's one line on the console.
+    """Keeps user errors, and outages tfdag names itself, to the CLI's one line on the console.
 
-    Prefect logs a failed task's or flow's exception with its traceback; for an error caused by the input that is
-    noise around the one line that names the value and the fix (the CLI prints it last). The records still reach
-    the Prefect server through its API handler, which this filter is not attached to.
+    Prefect logs a failed task's or flow's exception with its traceback; for an error caused by the input, or an
+    outage whose message names the server and what to do (a TransientError), that is noise around the one line the
+    CLI prints last. The records still reach the Prefect server through its API handler, which this filter is not
+    attached to.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from pipeline_lib.core.errors import is_user_error
+        from pipeline_lib.core.errors import TransientError, is_user_error
 
         error = record.exc_info[1] if record.exc_info else None
-        if error is None or not is_user_error(error):
+        if error is None or not (is_user_error(error) or isinstance(error, TransientError)):
             return True
         if record.name.startswith("prefect"):
             return False

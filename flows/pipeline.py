@@ -225,10 +225,11 @@ def finish_model(config: PipelineConfig, progress: RunLifecycle, prepared: Prepa
     if run_id:
         params = pipeline_params(config, train_result, plan, manifest, _versions())
         artifacts = run_artifacts(config, manifest, plan, train_result, export, report, cluster_report, run_dir)
-        logged_params = progress.earlier is not None and progress.earlier.stage("track") is not None
-        version = progress.once("track", ModelVersionInfo | None, lambda: stages.track(
-            config, run_id, params, artifacts, report, decision, manifest, tags, logged, validation,
-            log_params=not logged_params), record=lambda v: ({"registered_model": v.model_uri} if v else {}, {}))
+        version = progress.once(
+            "track", ModelVersionInfo | None,
+            lambda: stages.track(config, run_id, params, artifacts, report, decision, manifest, tags, logged,
+                                 validation),
+            record=lambda v: ({"registered_model": v.model_uri} if v else {}, {}))
 
     logger.info(
         "pipeline %r done: %s | blessed: %s | MLflow run %s%s",

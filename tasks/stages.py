@@ -287,15 +287,14 @@ def gate(config: PipelineConfig, report: EvalReport, champion_report: EvalReport
 def track(config: PipelineConfig, run_id: str, params: dict[str, Any], artifacts: dict[str, str | bytes],
           eval_report: EvalReport, decision: GateDecision, manifest: Manifest, tags: dict[str, str],
           logged: LoggedModel | None = None,
-          validation: model_check.ModelValidation | None = None, log_params: bool = True) -> ModelVersionInfo | None:
-    """Params (unless `log_params` is False: an earlier attempt of a resumed run logged them), metrics, artifacts
-    and the blessing on the run; the logged model is registered only as `tracking.register` says, never after a
-    failed model check (`registration.why_not_registered`), and once per run."""
+          validation: model_check.ModelValidation | None = None) -> ModelVersionInfo | None:
+    """Params (those the run does not have yet), metrics, artifacts and the blessing on the run; the logged model
+    is registered only as `tracking.register` says, never after a failed model check
+    (`registration.why_not_registered`), and once per run."""
     tracker = open_tracker(config)
     run = tracker.get_run(run_id)
     logger = get_run_logger()
-    if log_params:
-        run.log_params(params)
+    run.log_params(params)
     run.log_slice_metrics(eval_report.slices)
     run.log_metrics(eval_report.baseline, prefix=BASELINE_METRIC_PREFIX)
     run.log_datasets(manifest, config.name)

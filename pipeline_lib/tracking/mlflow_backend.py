@@ -7,6 +7,7 @@ The MLflow calls themselves live in this package's helper modules (`run`, `model
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from pipeline_lib.tracking.records import (
     FINAL_METRIC_PREFIX,
     RunStatus,
     TrackingError,
+    TrackingUnreachable,
 )
 
 if TYPE_CHECKING:
@@ -56,8 +58,20 @@ def _unreachable_reason(error: BaseException) -> str | None:
     return "no answer"
 
 
+def _answered(what: str):
+    """A run's call that, when the server stops answering, raises TrackingUnreachable saying `what` it was doing."""
+    def wrap(method):
+        @functools.wraps(method)
+        def call(self: MlflowRun, *args: Any, **kwargs: Any) -> Any:
+            with self.tracker._answering(f"{what} (run {self.run_id})", mid_run=True):
+                return method(self, *args, **kwargs)
+        return call
+    return wrap
+
+
 class MlflowRun:
-    """One MLflow run of the tracker's store (see `tracking.tracker.TrackedRun`)."""
+    """One MLflow run of the tracker's store (see `tracking.tracker.TrackedRun`). A server that stops answering
+    during a call is a TrackingUnreachable naming the server and what the call was doing."""
 
     def __init__(self, tracker: MlflowTracker, run_id: str):
         self.tracker = tracker
@@ -70,48 +84,62 @@ class MlflowRun:
     def _uri(self) -> str:
         return self.tracker.uri
 
+    @_answered("ending the run")
     def end(self, status: RunStatus | str = RunStatus.FINISHED, *, failed_stage: str | None = None) -> None:
         mlflow_run.finish_run(self.run_id, self._uri, status, failed_stage=failed_stage)
 
+    @_answered("reading an artifact")
     def read_artifact(self, path: str) -> bytes:
         return mlflow_run.read_artifact(self.run_id, self._uri, path)
 
+    @_answered("logging params")
     def log_params(self, params: Mapping[str, Any]) -> None:
         mlflow_run.log_params(self.run_id, self._uri, params)
 
+    @_answered("logging metrics")
     def log_metrics(self, metrics: Mapping[str, float], *, prefix: str = FINAL_METRIC_PREFIX, step: int = 0) -> None:
         mlflow_run.log_final_metrics(self.run_id, self._uri, metrics, step=step, prefix=prefix)
 
+    @_answered("logging slice metrics")
     def log_slice_metrics(self, slices: Sequence[SliceResult]) -> None:
         mlflow_run.log_slice_metrics(self.run_id, self._uri, slices)
 
+    @_answered("logging artifacts")
     def log_artifacts(self, files: Mapping[str, str | bytes]) -> None:
         mlflow_run.log_artifacts(self.run_id, self._uri, files)
 
+    @_answered("logging datasets")
     def log_datasets(self, manifest: Manifest, name: str) -> None:
         lineage.log_datasets(self.run_id, self._uri, manifest, name)
 
+    @_answered("logging the model")
     def log_model(self, saved_model_dir: str, keras_path: str | None, example_input: Manifest | pd.DataFrame, *,
                   storage_options: Mapping[str, Any] | None = None, metrics: Mapping[str, float] | None = None,
                   metric_prefix: str = FINAL_METRIC_PREFIX) -> model_logging.LoggedModel:
         return model_logging.log_model(self.run_id, self._uri, saved_model_dir, keras_path, example_input,
                                        storage_options=storage_options, metrics=metrics, metric_prefix=metric_prefix)
 
+    @_answered("recording the blessing")
     def record_blessing(self, decision: GateDecision) -> None:
         mlflow_run.record_blessing(self.run_id, self._uri, decision)
 
+    @_answered("recording the model check")
     def record_model_validation(self, validation: ModelValidation) -> None:
         mlflow_run.record_model_validation(self.run_id, self._uri, validation)
 
+    @_answered("recording a restart")
     def record_restart(self, attempt: int, cause: str) -> None:
         mlflow_run.record_restart(self.run_id, self._uri, attempt, cause)
 
+    @_answered("recording a resize")
     def record_resize(self, number: int, story: str, to_workers: int, step: int) -> None:
         mlflow_run.record_resize(self.run_id, self._uri, number, story, to_workers, step)
 
+    @_answered("recording the workers")
     def record_workers(self, workers: int, step: int) -> None:
         mlflow_run.record_workers(self.run_id, self._uri, workers, step)
 
+    @_answered("setting tags")
     def set_tags(self, tags: Mapping[str, str]) -> None:
         client = create_client(self._uri)
         for name, value in clean_tags(tags).items():
@@ -136,15 +164,20 @@ class MlflowTracker:
             bound_http_retries()
 
     @contextlib.contextmanager
-    def _answering(self, what: str) -> Iterator[None]:
+    def _answering(self, what: str, *, mid_run: bool = False) -> Iterator[None]:
         try:
             yield
-        except TrackingError:
+        except (TrackingError, TrackingUnreachable):
             raise
         except Exception as error:
             reason = _unreachable_reason(error)
             if reason is None or not self.uri.startswith(("http://", "https://")):
                 raise
+            if mid_run:  # it answered before: an outage, which a task retries, then a resume finishes the run
+                raise TrackingUnreachable(
+                    f"MLflow tracking server {self.config.mlflow_uri_shown} did not answer ({reason}) when {what}; "
+                    "once it answers again, finish the run where it stopped with `tfdag run CONFIG --resume`"
+                ) from None
             raise TrackingError(
                 f"MLflow tracking server {self.config.mlflow_uri_shown} did not answer ({reason}) when {what}; "
                 "start it (tfdag stack up) or point tracking.mlflow_uri (or MLFLOW_TRACKING_URI) at a running "

@@ -7,7 +7,7 @@ import enum
 
 from pydantic import BaseModel, ConfigDict
 
-from pipeline_lib.core.errors import UserError
+from pipeline_lib.core.errors import TransientError, UserError
 from pipeline_lib.data.manifest import Schema
 from pipeline_lib.data.statistics import DatasetStatistics
 
@@ -31,6 +31,10 @@ PARENT_TAG = "mlflow.parentRunId"
 class TrackingError(UserError, RuntimeError):
     """The tracking store cannot be used as configured; the message names the value, where it came from and the
     fix."""
+
+
+class TrackingUnreachable(TransientError):
+    """The tracking server stopped answering while a run was logging to it: worth a retry, then a resume."""
 
 
 class RunStatus(str, enum.Enum):

@@ -159,17 +159,20 @@ def _param_value(value: Any) -> str:
 def log_params(run_id: str, tracking_uri: str, params: Mapping[str, Any]) -> None:
     """Log params in batches; names that look like credentials and dict values (options) are dropped.
 
-    Logging the same value again is allowed (a retried task); MLflow rejects a changed value.
+    A param the run already has with the same value is not logged again (a retried task, a resumed run); MLflow
+    rejects a changed value.
     """
     from mlflow.entities import Param
 
+    client = create_client(tracking_uri)
+    logged = client.get_run(run_id).data.params
     entries = []
     for name, value in params.items():
         if is_secret_name(name) or isinstance(value, Mapping):
             logger.warning("param %s is not logged: credentials and option mappings never become params", name)
             continue
-        entries.append(Param(name, _param_value(value)))
-    client = create_client(tracking_uri)
+        if logged.get(name) != _param_value(value):
+            entries.append(Param(name, _param_value(value)))
     for start in range(0, len(entries), _MAX_PARAMS_PER_BATCH):
         client.log_batch(run_id, params=entries[start:start + _MAX_PARAMS_PER_BATCH], synchronous=True)
 

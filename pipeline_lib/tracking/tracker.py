@@ -117,7 +117,8 @@ class Tracker(Protocol):
 
     def register_model(self, logged: LoggedModel, name: str, *,
                        tags: Mapping[str, Any] | None = None) -> ModelVersionInfo:
-        """The logged model as the next version of `name`."""
+        """The logged model as the next version of `name`; a run registers once: when `name` has a version from the
+        logged model's run already (a resumed run), that version is returned."""
 
     def record_decision(self, model_name: str, version: int | str, decision: GateDecision, *,
                         fingerprint: SourceFingerprint | None = None, config_hash: str | None = None,

@@ -201,9 +201,11 @@ class MemoryTracker:
     def register_model(self, logged: LoggedModel, name: str, *,
                        tags: Mapping[str, Any] | None = None) -> ModelVersionInfo:
         versions = self.store.versions.setdefault(name, [])
-        number = len(versions) + 1
-        versions.append(VersionInfo(name=name, version=number, run_id=logged.run_id,
-                                    tags={"model_id": logged.model_id, **{k: str(v) for k, v in (tags or {}).items()}}))
+        earlier = [v.version for v in versions if v.run_id == logged.run_id]
+        number = earlier[0] if earlier else len(versions) + 1
+        if not earlier:
+            versions.append(VersionInfo(name=name, version=number, run_id=logged.run_id, tags={
+                "model_id": logged.model_id, **{k: str(v) for k, v in (tags or {}).items()}}))
         return ModelVersionInfo(name=name, version=number, model_uri=f"models:/{name}/{number}",
                                 logged_model_uri=logged.model_uri, run_id=logged.run_id, flavor=logged.flavor)
 

@@ -26,6 +26,7 @@ from pipeline_lib.tracking.stage_record import (
     read_stage_record,
 )
 from tests.flows.test_pipeline_flow import ROOT, digits_config
+from tests.servers import prefect_cli
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +45,7 @@ def _config(tmp_path: Path, mlflow_url: str) -> Path:
                          checkpoint_every_steps=40, early_stopping={"enabled": False})
     data["name"] = "digits-resume"
     data["tracking"] = {"mlflow_uri": mlflow_url, "experiment": f"resume-{tmp_path.name}",
-                        "registered_model": MODEL_NAME, "register": "always"}
+                        "registered_model": f"{MODEL_NAME}-{tmp_path.name}", "register": "always"}
     data["evaluation"]["validate_model"] = FULL
     path = tmp_path / "digits-resume.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -120,7 +121,7 @@ def test_a_run_sigkilled_mid_training_and_at_later_stages_resumes_each_time_into
     [run] = mlflow_client.search_runs([mlflow_client.get_experiment_by_name(f"resume-{tmp_path.name}").experiment_id])
     assert run.info.run_id == summary["mlflow_run_id"] and run.info.status == "FINISHED"
     assert "tfdag.failed_stage" not in run.data.tags
-    assert [v.version for v in mlflow_client.search_model_versions(f"name = '{MODEL_NAME}'")] == ["1"]
+    assert [v.version for v in mlflow_client.search_model_versions(f"name = '{MODEL_NAME}-{tmp_path.name}'")] == ["1"]
     assert summary["model_version"] == "1"
     first_flow_run = run.data.tags["prefect_flow_run_id"]  # the tags of the run's first attempt
     with get_client(sync_client=True) as prefect:
@@ -145,3 +146,98 @@ def test_a_run_sigkilled_mid_training_and_at_later_stages_resumes_each_time_into
     assert (f"tfdag: --resume {summary['run_name']}: the config changed since that run started, at "
             "evaluation.gate.threshold, train.epochs;") in refused.stderr
     assert "tfdag | Prefect" not in refused.stdout
+
+
+def test_prefect_retry_of_a_deployment_flow_run_stopped_mid_training_resumes_its_run(
+        tfdag_stack, prefect_api, mlflow_client, tmp_path):
+    """The flow-run process SIGTERMed mid-training ends the flow run Crashed; `prefect flow-run retry ID` runs it
+    again under the same id, on the stack's worker, and that attempt resumes the run the first one started."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    config = _config(tmp_path, tfdag_stack.state.mlflow_url)
+    runs = tmp_path / "out" / "runs"
+    flow_run = run_deployment("training-pipeline/manual", parameters={"config": str(config)}, timeout=0)
+    deadline = time.monotonic() + 300
+    while True:
+        assert time.monotonic() < deadline, "the deployment's run did not reach training with a checkpoint"
+        found = _record(runs)
+        if found is not None and found[1].stages and found[1].stages[-1].name == "train" and any(
+                (found[0] / "checkpoints").glob("ckpt-*.manifest.json")):
+            break
+        time.sleep(0.05)
+    run_dir, record = found
+    assert record.prefect_flow_run_id == str(flow_run.id)
+    os.kill(record.pid, signal.SIGTERM)
+
+    def final_state(timeout: float):
+        with get_client(sync_client=True) as prefect:
+            end = time.monotonic() + timeout
+            while time.monotonic() < end:
+                state = prefect.read_flow_run(flow_run.id).state
+                if state is not None and state.is_final():
+                    return state
+                time.sleep(0.5)
+        raise AssertionError(f"flow run {flow_run.id} did not end within {timeout} s")
+
+    assert final_state(120).is_crashed()
+    retried = prefect_cli(tfdag_stack, "flow-run", "retry", str(flow_run.id))
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    assert final_state(600).is_completed()
+
+    assert [p.name for p in runs.iterdir()] == [run_dir.name]
+    record = read_stage_record(str(run_dir))
+    assert record.prefect_flow_run_id == str(flow_run.id) and record.summary is not None
+    assert json.loads((run_dir / "stages" / "train.json").read_text())["start_step"] > 0
+    names = [s.name for s in record.stages]
+    assert names.count("convert_to_tfrecords") == 1 and names.count("reopen_tracking_run") == 1
+    [run] = mlflow_client.search_runs([mlflow_client.get_experiment_by_name(f"resume-{tmp_path.name}").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_id == record.tracking_run_id
+
+
+def test_mlflow_stopped_during_registration_fails_the_run_in_one_line_and_resume_registers_the_model(
+        tfdag_stack, prefect_api, tmp_path):
+    """An MLflow server of the test's own, stopped once `track` starts: `tfdag run` exits 1 with one line naming the
+    server, well within a minute; once the server is back on its port, `--resume` registers the model."""
+    from mlflow import MlflowClient
+
+    from flows.stack.processes import stop_process
+    from flows.stack.servers import start_mlflow_server
+    from pipeline_lib.core.net import free_port
+
+    port, store = free_port(), tmp_path / "mlflow"
+    url = f"http://127.0.0.1:{port}"
+    server = start_mlflow_server(store, store / "artifacts", port)
+    try:
+        config = _config(tmp_path, url)
+        env = tfdag_stack.cli_env()
+        runs = tmp_path / "out" / "runs"
+        process = _tfdag(env, str(config))
+        deadline = time.monotonic() + 300
+        while (found := _record(runs)) is None or not found[1].stages or found[1].stages[-1].name != "track":
+            assert time.monotonic() < deadline and process.poll() is None, "the run did not reach track"
+            time.sleep(0.02)
+        stop_process(server)
+        stopped = time.monotonic()
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 1, err[-3000:]
+        assert time.monotonic() - stopped < 60
+        last = err.strip().splitlines()[-1]
+        assert last.startswith(f"tfdag: failed: TrackingUnreachable: MLflow tracking server {url} did not answer "
+                               "(connection refused) when "), err[-3000:]
+        assert "finish the run where it stopped with `tfdag run CONFIG --resume`" in last
+        assert "Traceback" not in err, err[-3000:]
+
+        server = start_mlflow_server(store, store / "artifacts", port)
+        resumed = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config), "--resume", "--json"],
+                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        summary = json.loads(resumed.stdout.strip().splitlines()[-1])
+        client = MlflowClient(tracking_uri=url, registry_uri=url)
+        [version] = client.search_model_versions(f"name = '{MODEL_NAME}-{tmp_path.name}'")
+        assert (version.version, version.run_id) == ("1", summary["mlflow_run_id"])
+        assert client.get_run(summary["mlflow_run_id"]).info.status == "FINISHED"
+        names = [s.name for s in read_stage_record(summary["run_dir"]).stages]
+        assert names.count("train") == 1 and names.count("track") == 2
+    finally:
+        stop_process(server)
