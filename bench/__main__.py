@@ -33,6 +33,7 @@ SUITES = {
     "scoring": "bench.bench_scoring",
     "tuning": "bench.bench_tuning",
     "elastic": "bench.bench_elastic",
+    "resume": "bench.bench_resume",
 }
 RESULTS = Path(__file__).resolve().parent / "results.json"
 

@@ -1,10 +1,12 @@
-"""`tfdag run --resume` from outside, against the session's Prefect server and MLflow server: one run whose process
-group is SIGKILLed mid-training and at later stages, resumed after each kill, ends as one run. It trains to its
-planned final step, has one MLflow run (FINISHED) and one registered version, and runs no stage again whose output
-was complete. A finished run resumed does nothing, and a changed config is refused, naming its keys.
+"""`tfdag run --resume` from outside, against the session's Prefect server and MLflow servers: one run whose process
+group is SIGKILLed mid-training, and whose MLflow server is then stopped during registration, resumed after each,
+ends as one run. It trains to its planned final step, has one MLflow run (FINISHED) and one registered version, and
+runs no stage again whose output was complete. A finished run resumed does nothing, and a changed config is
+refused, naming its keys. A deployment's flow run stopped mid-training and retried with `prefect flow-run retry`
+resumes the run it started.
 
-By default the run is killed twice: mid-training (after its first checkpoint) and at the start of `evaluate`. With
-TFDAG_RESUME_MATRIX=full it is killed at every stage boundary in turn, with the model check on.
+With TFDAG_RESUME_MATRIX=full the run is also killed at every stage boundary before registration, in turn, with the
+model check on.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ FULL = os.environ.get("TFDAG_RESUME_MATRIX") == "full"
 # (stage, wait for a checkpoint): the flow's process group is SIGKILLed once the stage record shows the stage running.
 KILLS = ((("convert_to_tfrecords", False), ("plan_shards", False), ("train", True), ("consolidate_checkpoints", False),
           ("evaluate", False), ("evaluate_champion", False), ("log_model", False), ("validate_model", False),
-          ("gate", False), ("track", False)) if FULL else (("train", True), ("evaluate", False)))
+          ("gate", False)) if FULL else (("train", True),))
 MODEL_NAME = "digits-resume-test"
-# What every attempt does again: checks that write nothing (storage, the label, the cluster) and reopening the run.
-EVERY_ATTEMPT = {"check_storage", "check_label", "validate_cluster", "reopen_tracking_run"}
+# What every attempt does again: checks that write nothing (storage, the label, the cluster), reopening the run,
+# and, until the gate has decided, the champion's evaluation (the gate compares with the champion of now).
+EVERY_ATTEMPT = {"check_storage", "check_label", "validate_cluster", "reopen_tracking_run", "evaluate_champion"}
 
 
 def _config(tmp_path: Path, mlflow_url: str) -> Path:
@@ -91,11 +94,39 @@ def _kill_at(process: subprocess.Popen, runs: Path, stage: str, after_checkpoint
     raise AssertionError(f"stage {stage} did not start within 300 s")
 
 
-def test_a_run_sigkilled_mid_training_and_at_later_stages_resumes_each_time_into_one_run(
-        tfdag_stack, prefect_api, mlflow_client, tmp_path):
+@pytest.fixture
+def own_mlflow(tmp_path):
+    """An MLflow server of the test's own (the test stops it and starts it again on its port): its URL, its store and
+    a function that restarts it."""
+    from flows.stack.processes import stop_process
+    from flows.stack.servers import start_mlflow_server
+    from pipeline_lib.core.net import free_port
+
+    port, store = free_port(), tmp_path / "mlflow"
+    servers = [start_mlflow_server(store, store / "artifacts", port)]
+
+    def stop() -> None:
+        stop_process(servers[-1])
+
+    def start() -> None:
+        servers.append(start_mlflow_server(store, store / "artifacts", port))
+
+    try:
+        yield f"http://127.0.0.1:{port}", stop, start
+    finally:
+        stop()
+
+
+def test_a_run_killed_mid_training_then_cut_off_from_mlflow_at_registration_resumes_into_one_run(
+        tfdag_stack, prefect_api, own_mlflow, tmp_path):
+    """SIGKILLed mid-training (with TFDAG_RESUME_MATRIX=full: at every stage boundary in turn), resumed; then its
+    MLflow server stopped once `track` starts: `tfdag run --resume` exits 1 with one line naming the server, well
+    within a minute; once the server is back, `--resume` registers the model and finishes the run."""
+    from mlflow import MlflowClient
     from prefect.client.orchestration import get_client
 
-    config = _config(tmp_path, tfdag_stack.state.mlflow_url)
+    url, stop_mlflow, start_mlflow = own_mlflow
+    config = _config(tmp_path, url)
     env = tfdag_stack.cli_env()
     runs = tmp_path / "out" / "runs"
     killed_in = []
@@ -103,10 +134,28 @@ def test_a_run_sigkilled_mid_training_and_at_later_stages_resumes_each_time_into
     for stage, after_checkpoint in KILLS:
         killed_in.append(_kill_at(process, runs, stage, after_checkpoint))
         process = _tfdag(env, str(config), "--resume")
+    assert "train" in killed_in, killed_in
+
+    deadline = time.monotonic() + 300
+    while (found := _record(runs)) is None or found[1].stages[-1].name != "track":
+        assert time.monotonic() < deadline and process.poll() is None, "the run did not reach track"
+        time.sleep(0.02)
+    stop_mlflow()
+    stopped = time.monotonic()
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 1, err[-3000:]
+    assert time.monotonic() - stopped < 60
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"tfdag: failed: TrackingUnreachable: MLflow tracking server {url} did not answer "
+                           "(connection refused) when "), err[-3000:]
+    assert "finish the run where it stopped with `tfdag run CONFIG --resume`" in last
+    assert "Traceback" not in err, err[-3000:]
+
+    start_mlflow()
+    process = _tfdag(env, str(config), "--resume")
     out, err = process.communicate(timeout=600)
     assert process.returncode == 0, err[-4000:]
     summary = json.loads(out.strip().splitlines()[-1])
-    assert "train" in killed_in, killed_in
 
     run_dir, record = _record(runs)
     assert [p.name for p in runs.iterdir()] == [run_dir.name] == [summary["run_name"]]
@@ -116,13 +165,21 @@ def test_a_run_sigkilled_mid_training_and_at_later_stages_resumes_each_time_into
     assert train["start_step"] > 0, "training went on from its checkpoint"
     finished = [s.name for s in record.stages if s.status == StageStatus.FINISHED and s.name not in EVERY_ATTEMPT]
     assert len(finished) == len(set(finished)), f"a stage that finished ran again: {finished}"
-    assert [s.name for s in record.stages].count("reopen_tracking_run") == len(KILLS)
+    names = [s.name for s in record.stages]
+    assert names.count("reopen_tracking_run") == len(KILLS) + 1 and names.count("track") == 2
+    decided = next(i for i, s in enumerate(record.stages) if s.name == "gate" and s.status == StageStatus.FINISHED)
+    assert "evaluate_champion" not in names[decided:], "the champion is not evaluated again once the gate decided"
 
-    [run] = mlflow_client.search_runs([mlflow_client.get_experiment_by_name(f"resume-{tmp_path.name}").experiment_id])
+    client = MlflowClient(tracking_uri=url, registry_uri=url)
+    experiment_id = client.get_experiment_by_name(f"resume-{tmp_path.name}").experiment_id
+    [run] = client.search_runs([experiment_id])
     assert run.info.run_id == summary["mlflow_run_id"] and run.info.status == "FINISHED"
     assert "tfdag.failed_stage" not in run.data.tags
-    assert [v.version for v in mlflow_client.search_model_versions(f"name = '{MODEL_NAME}-{tmp_path.name}'")] == ["1"]
-    assert summary["model_version"] == "1"
+    [version] = client.search_model_versions(f"name = '{MODEL_NAME}-{tmp_path.name}'")
+    assert (version.version, version.run_id) == ("1", run.info.run_id) and summary["model_version"] == "1"
+    # A model a kill left pending was marked failed and logged again: one READY model, none pending.
+    statuses = [str(m.status) for m in client.search_logged_models(experiment_ids=[experiment_id])]
+    assert statuses.count("READY") == 1 and "PENDING" not in statuses, statuses
     first_flow_run = run.data.tags["prefect_flow_run_id"]  # the tags of the run's first attempt
     with get_client(sync_client=True) as prefect:
         assert prefect.read_flow_run(first_flow_run).state.is_crashed(), "the killed attempt's flow run is closed"
@@ -193,51 +250,3 @@ def test_prefect_retry_of_a_deployment_flow_run_stopped_mid_training_resumes_its
     assert names.count("convert_to_tfrecords") == 1 and names.count("reopen_tracking_run") == 1
     [run] = mlflow_client.search_runs([mlflow_client.get_experiment_by_name(f"resume-{tmp_path.name}").experiment_id])
     assert run.info.status == "FINISHED" and run.info.run_id == record.tracking_run_id
-
-
-def test_mlflow_stopped_during_registration_fails_the_run_in_one_line_and_resume_registers_the_model(
-        tfdag_stack, prefect_api, tmp_path):
-    """An MLflow server of the test's own, stopped once `track` starts: `tfdag run` exits 1 with one line naming the
-    server, well within a minute; once the server is back on its port, `--resume` registers the model."""
-    from mlflow import MlflowClient
-
-    from flows.stack.processes import stop_process
-    from flows.stack.servers import start_mlflow_server
-    from pipeline_lib.core.net import free_port
-
-    port, store = free_port(), tmp_path / "mlflow"
-    url = f"http://127.0.0.1:{port}"
-    server = start_mlflow_server(store, store / "artifacts", port)
-    try:
-        config = _config(tmp_path, url)
-        env = tfdag_stack.cli_env()
-        runs = tmp_path / "out" / "runs"
-        process = _tfdag(env, str(config))
-        deadline = time.monotonic() + 300
-        while (found := _record(runs)) is None or not found[1].stages or found[1].stages[-1].name != "track":
-            assert time.monotonic() < deadline and process.poll() is None, "the run did not reach track"
-            time.sleep(0.02)
-        stop_process(server)
-        stopped = time.monotonic()
-        _, err = process.communicate(timeout=300)
-        assert process.returncode == 1, err[-3000:]
-        assert time.monotonic() - stopped < 60
-        last = err.strip().splitlines()[-1]
-        assert last.startswith(f"tfdag: failed: TrackingUnreachable: MLflow tracking server {url} did not answer "
-                               "(connection refused) when "), err[-3000:]
-        assert "finish the run where it stopped with `tfdag run CONFIG --resume`" in last
-        assert "Traceback" not in err, err[-3000:]
-
-        server = start_mlflow_server(store, store / "artifacts", port)
-        resumed = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config), "--resume", "--json"],
-                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-        assert resumed.returncode == 0, resumed.stderr[-3000:]
-        summary = json.loads(resumed.stdout.strip().splitlines()[-1])
-        client = MlflowClient(tracking_uri=url, registry_uri=url)
-        [version] = client.search_model_versions(f"name = '{MODEL_NAME}-{tmp_path.name}'")
-        assert (version.version, version.run_id) == ("1", summary["mlflow_run_id"])
-        assert client.get_run(summary["mlflow_run_id"]).info.status == "FINISHED"
-        names = [s.name for s in read_stage_record(summary["run_dir"]).stages]
-        assert names.count("train") == 1 and names.count("track") == 2
-    finally:
-        stop_process(server)

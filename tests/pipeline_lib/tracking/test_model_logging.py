@@ -92,7 +92,7 @@ def test_numeric_model_is_logged_as_a_pyfunc_on_raw_columns_and_registered(tmp_p
     # A run registers once: logged again (a resumed run), its model keeps the version it has.
     assert second.version == 1
     client = MlflowClient(config.mlflow_uri)
-    assert [v.version for v in client.search_model_versions("name = 'tiny'")] == ["1"]
+    assert [int(v.version) for v in client.search_model_versions("name = 'tiny'")] == [1]
     registered = client.get_model_version("tiny", "1")
     assert registered.run_id == run_id
     assert registered.tags == {"tfdag_run_name": "register"}
