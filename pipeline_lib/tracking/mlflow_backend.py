@@ -58,12 +58,36 @@ def _unreachable_reason(error: BaseException) -> str | None:
     return "no answer"
 
 
+@contextlib.contextmanager
+def _answering(uri: str, what: str, *, mid_run: bool = False) -> Iterator[None]:
+    """Turn an MLflow server at `uri` that does not answer during `what` into one line: a TrackingError when it
+    never answered, a TrackingUnreachable (transient) when it stopped answering mid-run."""
+    try:
+        yield
+    except (TrackingError, TrackingUnreachable):
+        raise
+    except Exception as error:
+        reason = _unreachable_reason(error)
+        if reason is None or not uri.startswith(("http://", "https://")):
+            raise
+        shown = mask_url_passwords(uri)
+        if mid_run:  # it answered before: an outage, which a task retries, then a resume finishes the run
+            raise TrackingUnreachable(
+                f"MLflow tracking server {shown} did not answer ({reason}) when {what}; "
+                "once it answers again, finish the run where it stopped with `tfdag run CONFIG --resume`"
+            ) from None
+        raise TrackingError(
+            f"MLflow tracking server {shown} did not answer ({reason}) when {what}; "
+            "start it (tfdag stack up) or point tracking.mlflow_uri (or MLFLOW_TRACKING_URI) at a running "
+            "server, or set tracking.enabled: false") from None
+
+
 def _answered(what: str):
     """A run's call that, when the server stops answering, raises TrackingUnreachable saying `what` it was doing."""
     def wrap(method):
         @functools.wraps(method)
         def call(self: MlflowRun, *args: Any, **kwargs: Any) -> Any:
-            with self.tracker._answering(f"{what} (run {self.run_id})", mid_run=True):
+            with _answering(self._uri, f"{what} (run {self.run_id})", mid_run=True):
                 return method(self, *args, **kwargs)
         return call
     return wrap
@@ -163,25 +187,8 @@ class MlflowTracker:
         if self.uri.startswith(("http://", "https://")):
             bound_http_retries()
 
-    @contextlib.contextmanager
-    def _answering(self, what: str, *, mid_run: bool = False) -> Iterator[None]:
-        try:
-            yield
-        except (TrackingError, TrackingUnreachable):
-            raise
-        except Exception as error:
-            reason = _unreachable_reason(error)
-            if reason is None or not self.uri.startswith(("http://", "https://")):
-                raise
-            if mid_run:  # it answered before: an outage, which a task retries, then a resume finishes the run
-                raise TrackingUnreachable(
-                    f"MLflow tracking server {self.config.mlflow_uri_shown} did not answer ({reason}) when {what}; "
-                    "once it answers again, finish the run where it stopped with `tfdag run CONFIG --resume`"
-                ) from None
-            raise TrackingError(
-                f"MLflow tracking server {self.config.mlflow_uri_shown} did not answer ({reason}) when {what}; "
-                "start it (tfdag stack up) or point tracking.mlflow_uri (or MLFLOW_TRACKING_URI) at a running "
-                "server, or set tracking.enabled: false") from None
+    def _answering(self, what: str, *, mid_run: bool = False) -> contextlib.AbstractContextManager[None]:
+        return _answering(self.uri, what, mid_run=mid_run)
 
     def start_run(self, run_name: str, *, tags: Mapping[str, Any] | None = None) -> MlflowRun:
         with self._answering(f"starting run {run_name!r}"):

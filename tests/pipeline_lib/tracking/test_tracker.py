@@ -56,3 +56,14 @@ def test_an_unreachable_server_fails_fast_with_one_line(tmp_path, monkeypatch):
     message = str(raised.value)
     assert "http://user:**********@127.0.0.1:9" in message and "hunter2" not in message, message
     assert "did not answer" in message and "tracking.mlflow_uri" in message and "\n" not in message
+
+
+def test_a_run_found_by_its_uri_alone_reads_its_artifacts(tmp_path):
+    config = tracking_config(tmp_path)
+    run = tracker.open_tracker(config).start_run("recorded")
+    run.log_artifacts({"config/pipeline.yaml": "name: demo\n"})
+    run.end()
+    recorded = tracker.open_recorded_run(config.mlflow_uri, run.run_id)
+    assert recorded.read_artifact("config/pipeline.yaml") == b"name: demo\n"
+    with pytest.raises(Exception, match="missing.txt"):
+        recorded.read_artifact("missing.txt")
