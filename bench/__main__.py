@@ -34,6 +34,7 @@ SUITES = {
     "tuning": "bench.bench_tuning",
     "elastic": "bench.bench_elastic",
     "resume": "bench.bench_resume",
+    "ray_data": "bench.bench_ray_data",
 }
 RESULTS = Path(__file__).resolve().parent / "results.json"
 

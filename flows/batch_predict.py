@@ -12,7 +12,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from pipeline_lib.config import PredictConfig
-from pipeline_lib.prediction.predict import PredictResult
+from pipeline_lib.prediction.scoring import PredictResult
 from tasks.predict import predict_table
 from tasks.progress import artifact_key
 

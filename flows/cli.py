@@ -107,6 +107,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         "eval_records": manifest.num_records("eval"),
         "shards": len(manifest.shards),
         "bad_records": manifest.num_bad_records,
+        "engine": manifest.engine,
+        "nodes": manifest.nodes or {"local": len(manifest.shards)},
     }, indent=2))
     return EXIT_OK
 
@@ -227,6 +229,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     os._exit(code)
 
 
+def cmd_schema(args: argparse.Namespace) -> int:
+    from pipeline_lib.config.json_schema import schema_text
+    from pipeline_lib.core.exit_codes import EXIT_OK
+
+    sys.stdout.write(schema_text())
+    return EXIT_OK
+
+
 def cmd_demo_data(args: argparse.Namespace) -> int:
     from pipeline_lib.core.exit_codes import EXIT_OK
     from pipeline_lib.data import demo as demo_data
@@ -329,6 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare weights within this absolute bound instead of bit for bit (lets a "
                         "non-deterministic run through)")
     p.add_argument("--work-dir", default=None, help="where the rerun trains (default: <output_root>/reproduce)")
+
+    from flows import init_command
+
+    init_command.add_arguments(add("init", init_command.cmd_init, init_command.HELP, config=False))
+    add("schema", cmd_schema, "print the config's JSON Schema (editors complete and check a YAML config with it)",
+        config=False)
 
     from flows import predict_command
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 HELP = ("score a table (CSV, Parquet, JSON Lines; any fsspec URL) with a model (models:/NAME@ALIAS, models:/NAME/N, "
@@ -37,6 +38,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracking-uri", default=None,
                    help="the MLflow store of a models:/ or runs:/ URI (default: $MLFLOW_TRACKING_URI, else the "
                         "bundled config's)")
+    p.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="local: score in this process into one file; ray: score the input's files and row groups on "
+                        "a Ray cluster into a directory of parts with a marker written last (default: local)")
+    p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                   help="--engine ray: the Ray head's address (default: $RAY_ADDRESS)")
+    p.add_argument("--ray-actors", type=int, default=None, metavar="N",
+                   help="--engine ray: scoring actors, each holding the model (default: as many as the cluster holds)")
+    p.add_argument("--ray-resources", default=None, metavar="JSON",
+                   help="--engine ray: what each actor asks of a node, e.g. '{\"CPU\": 1, \"GPU\": 1}' "
+                        "(default: one CPU)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
 
 
@@ -56,6 +67,16 @@ def predict_config(args: argparse.Namespace):
               "on_bad_record": args.on_bad_record, "tracking_uri": tracking_uri}
     if args.batch_rows is not None:
         values["batch_rows"] = args.batch_rows
+    if args.engine == "ray":
+        values["engine"] = "ray"
+        ray = {"address": args.ray_address, "actors": args.ray_actors}
+        if args.ray_resources is not None:
+            try:
+                ray["resources_per_actor"] = json.loads(args.ray_resources)
+            except json.JSONDecodeError as error:
+                raise ConfigError(f"--ray-resources ({args.ray_resources!r}) is not JSON ({error}); give an object "
+                                  "such as '{\"CPU\": 1}'") from None
+        values["ray"] = ray
     # The CSV options a conversion takes (data.csv_*), so that a table that converts can be scored.
     csv_options = {"csv_delimiter": args.csv_delimiter, "csv_encoding": args.csv_encoding,
                    "csv_column_names": tuple(args.csv_column_names) if args.csv_column_names else None,
@@ -66,7 +87,8 @@ def predict_config(args: argparse.Namespace):
         return PredictConfig(**values)
     except ValidationError as error:
         problem = error.errors()[0]
-        option = "--" + "-".join(str(part) for part in problem["loc"][:1]).replace("_", "-")
+        location = [str(part) for part in problem["loc"]]
+        option = "--" + "-".join(location[:2] if location[0] == "ray" else location[:1]).replace("_", "-")
         raise ConfigError(f"{option} ({problem.get('input')!r}): {problem['msg']}") from None
 
 

@@ -44,4 +44,4 @@ def stage_inputs(path: str | None) -> StageInputs:
     data (a conversion already done is reused: same fingerprint, same manifest)."""
     config = load(path)
     demo_data.ensure_demo_source(config.data)
-    return StageInputs(config, convert(config.data, config.output_root, config.storage_options))
+    return StageInputs(config, convert(config.data, config.output_root, config.storage_options, ray=config.train.ray))

@@ -6,7 +6,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from pipeline_lib.config import PredictConfig
-from pipeline_lib.prediction.predict import PredictResult, predict
+from pipeline_lib.prediction.predict import predict
+from pipeline_lib.prediction.scoring import PredictResult
 from tasks.retry import transient_retries
 
 

@@ -69,7 +69,7 @@ def convert_to_tfrecords(config: PipelineConfig) -> Manifest:
     The progress artifact `<pipeline>-conversion-progress` follows the rows converted and the source bytes read."""
     logger = get_run_logger()
     manifest = convert(config.data, config.output_root, config.storage_options,
-                       progress_fn=ConversionReporter(config.name))
+                       progress_fn=ConversionReporter(config.name), ray=config.train.ray)
     logger.info(
         "TFRecords %s: %d train / %d eval records in %d shards (%d bad records skipped)",
         manifest.dataset_uri,

@@ -13,6 +13,7 @@ from pipeline_lib.config.base import (  # noqa: F401
     Collective,
     Compression,
     ConfigError,
+    DataEngine,
     DataFormat,
     Direction,
     ImputeWith,
@@ -49,6 +50,7 @@ from pipeline_lib.config.predict import (  # noqa: F401
     DEFAULT_BATCH_ROWS,
     OutputFormat,
     PredictConfig,
+    RayScoring,
 )
 from pipeline_lib.config.ray import (  # noqa: F401
     RAY_ADDRESS_ENV,

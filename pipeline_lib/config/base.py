@@ -70,6 +70,13 @@ class Compression(str, enum.Enum):
     GZIP = "gzip"
 
 
+class DataEngine(str, enum.Enum):
+    """Where conversion runs: in the flow's process, or as tasks on the Ray cluster of train.ray.address."""
+
+    LOCAL = "local"
+    RAY = "ray"
+
+
 class Strategy(str, enum.Enum):
     AUTO = "auto"
     DEFAULT = "default"

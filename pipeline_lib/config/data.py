@@ -6,6 +6,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pipeline_lib.config.base import (
     Compression,
+    DataEngine,
     DataFormat,
     ImputeWith,
     MissingPolicy,
@@ -14,6 +15,7 @@ from pipeline_lib.config.base import (
     _Frozen,
 )
 from pipeline_lib.config.csv import CsvOptions
+from pipeline_lib.config.ray import checked_resources
 
 
 class SplitConfig(_Frozen):
@@ -54,6 +56,11 @@ class DataConfig(CsvOptions):
     compression_level: int = Field(1, ge=0, le=9)
     on_bad_record: OnBadRecord = OnBadRecord.FAIL
     read_chunk_rows: int = Field(65536, ge=1)
+    # ray: one task per source file (Parquet: per run of row groups) on the Ray cluster of train.ray.address or
+    # RAY_ADDRESS, each writing its own shards straight to the dataset; the manifest is still written last.
+    engine: DataEngine = DataEngine.LOCAL
+    # engine ray: what each conversion task asks of a node (CPU, memory in bytes, custom resources).
+    ray_resources: dict[str, float] = Field(default_factory=lambda: {"CPU": 1.0})
     missing: MissingPolicy = MissingPolicy.IMPUTE  # features only: a missing label is a bad record
     impute_with: ImputeWith = ImputeWith.MEAN
     impute_value: float = 0.0  # with impute_with: constant
@@ -61,6 +68,11 @@ class DataConfig(CsvOptions):
     missing_columns: dict[str, ColumnMissingConfig] = Field(default_factory=dict)
     # CSV and JSONL columns of ISO 8601 dates or timestamps, read as instants (Parquet's are typed already).
     parse_dates: tuple[str, ...] = ()
+
+    @field_validator("ray_resources")
+    @classmethod
+    def _known_resources(cls, value: dict[str, float]) -> dict[str, float]:
+        return checked_resources("ray_resources", value)
 
     def missing_for(self, column: str) -> ColumnMissing:
         """The missing-value settings of `column`: its `missing_columns` entry over the data defaults."""

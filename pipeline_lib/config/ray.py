@@ -22,6 +22,18 @@ class RayPlacement(str, enum.Enum):
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
 
 
+def checked_resources(key: str, value: dict[str, float]) -> dict[str, float]:
+    """`value`, the resources a Ray task asks for, when every amount is ≥ 0 and one is > 0."""
+    negative = {k: v for k, v in value.items() if v < 0}
+    if negative:
+        raise ValueError(f"{key} {negative} must be ≥ 0 (CPU, GPU, memory in bytes, or a custom "
+                         "resource of your nodes)")
+    if not any(v > 0 for v in value.values()):
+        raise ValueError(f"{key} ({value}) reserves nothing; give each task at least one "
+                         "resource, e.g. {CPU: 1}")
+    return value
+
+
 class RayConfig(_Frozen):
     """`train.ray`: where the Ray cluster is and what each task reserves on it (used when train.launcher is ray)."""
 
@@ -35,14 +47,7 @@ class RayConfig(_Frozen):
     @field_validator("resources_per_worker")
     @classmethod
     def _known_resources(cls, value: dict[str, float]) -> dict[str, float]:
-        negative = {k: v for k, v in value.items() if v < 0}
-        if negative:
-            raise ValueError(f"resources_per_worker {negative} must be ≥ 0 (CPU, GPU, memory in bytes, or a custom "
-                             "resource of your nodes)")
-        if not any(v > 0 for v in value.values()):
-            raise ValueError(f"resources_per_worker ({value}) reserves nothing; give each task at least one "
-                             "resource, e.g. {CPU: 1}")
-        return value
+        return checked_resources("resources_per_worker", value)
 
     def resolved_address(self, environ: dict[str, str] | None = None) -> str:
         """train.ray.address, else $RAY_ADDRESS.

@@ -118,6 +118,8 @@ class Manifest(_Frozen):
     statistics_sha256: str | None = None  # of statistics.json beside this manifest (None: converted without one)
     # The algorithm of every shard's `digest`; absent in manifests written before BLAKE3, which are sha256.
     shard_digest: DigestAlgorithm = DigestAlgorithm.SHA256
+    engine: str = "local"  # data.engine that wrote the shards
+    nodes: dict[str, int] = {}  # engine ray: the shards each Ray node wrote
 
     def shards_for(self, split: str) -> tuple[ShardInfo, ...]:
         return tuple(s for s in self.shards if s.split == split)

@@ -10,6 +10,8 @@ import os
 import posixpath
 import shutil
 import tempfile
+from dataclasses import dataclass
+from typing import Any
 
 from pipeline_lib.core import storage
 from pipeline_lib.data.errors import raise_if_outage
@@ -34,18 +36,27 @@ from pipeline_lib.data.tfrecord_writer import SHARD_DIGEST
 logger = logging.getLogger(__name__)
 
 
-def _is_local_fs(fs) -> bool:
+@dataclass(frozen=True)
+class Destination:
+    """Where a shard set goes: the output filesystem, the dataset's path on it, and its URI."""
+
+    fs: Any
+    path: str
+    uri: str
+
+
+def is_local_fs(fs) -> bool:
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 
 
-def _path_join(fs):
+def path_join(fs):
     """os.path.join on the local filesystem (its paths are OS paths), posixpath.join on every other one."""
-    return os.path.join if _is_local_fs(fs) else posixpath.join
+    return os.path.join if is_local_fs(fs) else posixpath.join
 
 
 def create_staging_dir(out_fs, dataset_path: str, fingerprint: str) -> tuple[str, bool]:
     """A fresh local staging directory: next to the dataset for local output (publishing is a rename)."""
-    if _is_local_fs(out_fs):
+    if is_local_fs(out_fs):
         parent = os.path.dirname(dataset_path)
         os.makedirs(parent, exist_ok=True)
         for stale in os.listdir(parent):
@@ -82,8 +93,8 @@ def publish(out_fs, dataset_path: str, dataset_uri: str, staged: list[StagedShar
 def _write_shard_set(out_fs, dataset_path: str, dataset_uri: str, staged: list[StagedShard], schema: Schema,
                      source: SourceFingerprint, compression: str, num_bad_records: int,
                      record_layout: RecordLayout | None, statistics: DatasetStatistics | None) -> Manifest:
-    local_out = _is_local_fs(out_fs)
-    join = _path_join(out_fs)
+    local_out = is_local_fs(out_fs)
+    join = path_join(out_fs)
     if out_fs.exists(dataset_path):
         logger.info("convert | removing the incomplete shard set at %s (no manifest) before writing", dataset_uri)
         out_fs.rm(dataset_path, recursive=True)
@@ -92,13 +103,7 @@ def _write_shard_set(out_fs, dataset_path: str, dataset_uri: str, staged: list[S
         split_shards = [s for s in staged if s.split == split]
         for index, shard in enumerate(split_shards):
             relative = _shard_name(split, index, len(split_shards), compression)
-            target = join(dataset_path, relative)
-            if local_out:
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                os.replace(shard.local_path, target)
-            else:
-                out_fs.makedirs(posixpath.dirname(target), exist_ok=True)
-                out_fs.put_file(shard.local_path, target)
+            place_shard(out_fs, shard.local_path, join(dataset_path, relative))
             infos.append(ShardInfo(split=split, path=relative, num_records=shard.num_records,
                                    num_bytes=shard.num_bytes, digest=shard.digest))
     if local_out:  # the renames reach the disk before the manifest names them (the dataset directory itself is
@@ -109,16 +114,43 @@ def _write_shard_set(out_fs, dataset_path: str, dataset_uri: str, staged: list[S
         data_dir = os.path.dirname(dataset_path)
         storage.fsync_dir(data_dir)
         storage.fsync_dir(os.path.dirname(data_dir))
-    storage.write_bytes_atomic(out_fs, join(dataset_path, SCHEMA_NAME), schema.model_dump_json(indent=2).encode())
+    return write_metadata(Destination(out_fs, dataset_path, dataset_uri), infos, schema, source, compression,
+                          num_bad_records, record_layout, statistics)
+
+
+def place_shard(out_fs, local_path: str, target: str) -> None:
+    """A staged shard under its final path: renamed on the local filesystem (staged beside it), uploaded elsewhere."""
+    if is_local_fs(out_fs):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            os.replace(local_path, target)
+        except OSError:  # staged on another filesystem: copied whole, durable, then renamed
+            partial = f"{target}.tmp-{os.getpid()}"
+            shutil.copyfile(local_path, partial)
+            with open(partial, "rb+") as handle:
+                os.fsync(handle.fileno())
+            os.replace(partial, target)
+    else:
+        out_fs.makedirs(posixpath.dirname(target), exist_ok=True)
+        out_fs.put_file(local_path, target)
+
+
+def write_metadata(out: Destination, shards: list[ShardInfo], schema: Schema, source: SourceFingerprint,
+                   compression: str, num_bad_records: int, record_layout: RecordLayout | None,
+                   statistics: DatasetStatistics | None, *, engine: str = "local",
+                   nodes: dict[str, int] | None = None) -> Manifest:
+    """schema.json and statistics.json beside shards already in place, then manifest.json last."""
+    join = path_join(out.fs)
+    storage.write_bytes_atomic(out.fs, join(out.path, SCHEMA_NAME), schema.model_dump_json(indent=2).encode())
     statistics_sha256 = None
     if statistics is not None:
         payload, statistics_sha256 = statistics_bytes(statistics)
-        storage.write_bytes_atomic(out_fs, join(dataset_path, STATISTICS_NAME), payload)
+        storage.write_bytes_atomic(out.fs, join(out.path, STATISTICS_NAME), payload)
     manifest = Manifest(
         fingerprint=source.sha256[:16],
-        dataset_uri=dataset_uri,
+        dataset_uri=out.uri,
         feature_schema=schema,
-        shards=tuple(infos),
+        shards=tuple(shards),
         source=source,
         compression=compression,
         num_bad_records=num_bad_records,
@@ -126,8 +158,10 @@ def _write_shard_set(out_fs, dataset_path: str, dataset_uri: str, staged: list[S
         record_layout=record_layout,
         statistics_sha256=statistics_sha256,
         shard_digest=SHARD_DIGEST,
+        engine=engine,
+        nodes=nodes or {},
     )
-    storage.write_bytes_atomic(out_fs, join(dataset_path, MANIFEST_NAME), manifest.to_json().encode())
+    storage.write_bytes_atomic(out.fs, join(out.path, MANIFEST_NAME), manifest.to_json().encode())
     return manifest
 
 
@@ -147,7 +181,7 @@ def reusable_manifest(out_fs, dataset_path: str, dataset_uri: str, storage_optio
 
 def _reusable_manifest(out_fs, dataset_path: str, dataset_uri: str, storage_options,
                        source: SourceFingerprint) -> Manifest | None:
-    join = _path_join(out_fs)
+    join = path_join(out_fs)
     with contextlib.suppress(FileNotFoundError):
         if not out_fs.exists(join(dataset_path, MANIFEST_NAME)):
             return None

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline_lib.config import Compression, DataConfig
 from pipeline_lib.data.encoding import RECORD_BUFFERS, WRITES_IN_FLIGHT, EncodedBatch
 from pipeline_lib.data.tfrecord_writer import TFRecordFileWriter
 
@@ -22,6 +23,11 @@ WRITE_PART_BYTES = 4 << 20
 # while the writer thread hands out the next.
 _GZIP_THREADS = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 _GZIP_BLOCKS_IN_FLIGHT = 2 * _GZIP_THREADS
+
+
+def shard_compression(data: DataConfig) -> str:
+    """The manifest's name of the shards' compression: "gzip" or "none"."""
+    return "gzip" if data.compression == Compression.GZIP else "none"
 
 
 @dataclass

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline_lib.config import Compression, DataConfig, DataFormat
+from pipeline_lib.config import Compression, DataConfig, DataEngine, DataFormat
 from pipeline_lib.core import storage
 from pipeline_lib.data.errors import ConversionError, raise_if_outage
 from pipeline_lib.data.manifest import SourceFile, SourceFingerprint
@@ -141,6 +141,8 @@ def _settings(data: DataConfig) -> dict[str, Any]:
         # Missing values change the rows written (skip) and statistics.json (the fill values it records).
         "missing": {name: data.missing_for(name).model_dump(mode="json")
                     for name in ["", *sorted(data.missing_columns)]},
+        # The Ray engine lays the same records out in shards of its own (one set per task): another dataset.
+        **({"engine": data.engine.value} if data.engine != DataEngine.LOCAL else {}),
     }
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -151,6 +152,61 @@ def most_frequent(values: dict[str, int]) -> tuple[dict[str, int], bool]:
     if len(values) <= MAX_TRACKED_VALUES:
         return values, False
     return dict(sorted(values.items(), key=lambda item: (-item[1], item[0]))[:MAX_TRACKED_VALUES]), True
+
+
+def merge_statistics(parts: Sequence[DatasetStatistics]) -> DatasetStatistics:
+    """The statistics of the rows of every part together (each part: disjoint rows, same columns and splits).
+
+    Counts, extremes, sketches and string counts add up exactly; the mean and variance combine pairwise (Chan et
+    al.), equal to one pass over every row up to the order of the float64 additions. A string column keeps the
+    MAX_TRACKED_VALUES most frequent values of the sum, and is truncated when a part was or the sum is cut.
+    """
+    first = parts[0]
+    splits = {}
+    for split, stats in first.splits.items():
+        features = {}
+        for name, feature in stats.features.items():
+            each = [part.splits[split].features[name] for part in parts]
+            if feature.numeric is not None:
+                features[name] = FeatureStatistics(dtype=feature.dtype,
+                                                   numeric=_merge_numeric([f.numeric for f in each]))
+            else:
+                features[name] = FeatureStatistics(dtype=feature.dtype, string=_merge_string([f.string for f in each]))
+        splits[split] = SplitStatistics(num_rows=sum(part.splits[split].num_rows for part in parts),
+                                        features=features)
+    return DatasetStatistics(label=first.label, splits=splits, imputation=first.imputation)
+
+
+def _merge_numeric(parts: Sequence[NumericStatistics]) -> NumericStatistics:
+    count = mean = m2 = 0.0
+    sketch: dict[int, int] = {}
+    for part in parts:
+        for key, number in part.sketch.items():
+            sketch[key] = sketch.get(key, 0) + number
+        if not part.count:
+            continue
+        total = count + part.count
+        delta = part.mean - mean
+        m2 += part.variance * part.count + delta * delta * count * part.count / total
+        mean += delta * part.count / total
+        count = total
+    missing = sum(part.missing for part in parts)
+    present = [part for part in parts if part.count]
+    if not present:
+        return NumericStatistics(count=0, missing=missing)
+    return NumericStatistics(count=int(count), missing=missing, min=min(p.min for p in present),
+                             max=max(p.max for p in present), mean=mean, variance=m2 / count,
+                             sketch=dict(sorted(sketch.items())))
+
+
+def _merge_string(parts: Sequence[StringStatistics]) -> StringStatistics:
+    values: dict[str, int] = {}
+    for part in parts:
+        for value, number in part.values.items():
+            values[value] = values.get(value, 0) + number
+    kept, cut = most_frequent(values)
+    return StringStatistics(count=sum(p.count for p in parts), missing=sum(p.missing for p in parts),
+                            values=dict(sorted(kept.items())), truncated=cut or any(p.truncated for p in parts))
 
 
 # --- the file beside the manifest -----------------------------------------------------------------------------

@@ -35,10 +35,6 @@ class LaunchTimeout(LaunchError):
     """train.timeout_s passed before training finished."""
 
 
-class RayClusterError(LaunchError, UserError):
-    """The Ray cluster cannot run this training as configured (address, nodes, resources): raised before any actor."""
-
-
 class ElasticCapacityError(RestartsExhausted):
     """An elastic run lost workers and fewer than train.elastic.min_workers could be placed again: the failure a
     non-elastic run has today, with the counts; `cause` is the loss."""

@@ -32,11 +32,16 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipeline_lib.cluster.address import address_problem, split_address
+from pipeline_lib.cluster.ray_connect import (
+    RayClusterError,
+    connect,
+    ray_module,
+    resource_options,
+)
 from pipeline_lib.config import PipelineConfig, RayConfig, RayPlacement
 from pipeline_lib.core import storage
 from pipeline_lib.data.manifest import Manifest
-from pipeline_lib.launch.errors import LaunchError, RayClusterError
+from pipeline_lib.launch.errors import LaunchError
 from pipeline_lib.launch.exits import describe_exit
 from pipeline_lib.launch.local import LaunchResult, launch, plan_tasks
 from pipeline_lib.launch.processes import TAIL_LINES, TaskSpec
@@ -54,53 +59,12 @@ STATUS_TIMEOUT_S = 10.0
 # The supervisor polls every 0.1 s and several times per cycle; one actor call per task this often is enough
 # (heartbeats are written every 0.5 s) and keeps the calls off the training's CPUs.
 STATUS_INTERVAL_S = 0.5
-PROBE_TIMEOUT_S = 5.0
 KILL_TIMEOUT_S = 10.0
 RAYLET_PROBE_TIMEOUT_S = 1.0
-# Ray's names for resources an actor requests with its own arguments; the rest are custom resources.
-_BUILTIN = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
 
 
 def _ray():
-    import ray  # only a Ray launch pays for the import
-
-    return ray
-
-
-def connect(config: PipelineConfig, environ: Mapping[str, str] | None = None) -> bool:
-    """Connect this process to the Ray cluster as a driver, unless it already is; True when this call connected.
-
-    Raises:
-        ConfigError: neither train.ray.address nor RAY_ADDRESS is set.
-        RayClusterError: nothing answers at the address.
-    """
-    ray = _ray()
-    address = config.train.ray.resolved_address(dict(environ) if environ is not None else None)
-    if ray.is_initialized():
-        return False
-    _probe(address)
-    try:
-        ray.init(address=address, _node_ip_address=config.train.ray.node_ip_address, log_to_driver=False,
-                 logging_level=logging.WARNING, configure_logging=False)
-    except (ConnectionError, TimeoutError, ValueError, RuntimeError) as problem:
-        raise RayClusterError(
-            f"train.ray.address (or RAY_ADDRESS) {address!r}: no Ray cluster answers there ({problem}); start one "
-            "(`ray start --head`, `tfdag stack up --ray N`) or set the head's address, e.g. '10.0.0.5:6379'") from None
-    return True
-
-
-def _probe(address: str) -> None:
-    """Fail fast on a GCS `host:port` that accepts no connection: `ray.init` would retry it for minutes."""
-    if "://" in address or address == "auto" or address_problem(address) is not None:
-        return  # ray:// (Ray Client), auto, or a form Ray itself will judge
-    host, port = split_address(address)
-    try:
-        socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
-    except OSError as problem:
-        raise RayClusterError(
-            f"train.ray.address (or RAY_ADDRESS) {address!r}: no Ray cluster answers there ({problem}); start one "
-            "(`ray start --head`, `tfdag stack up --ray N`) or set the head's GCS address, e.g. '10.0.0.5:6379'"
-        ) from None
+    return ray_module()
 
 
 def _alive_nodes() -> list[dict[str, Any]]:
@@ -310,14 +274,10 @@ class RayGroup:
         node_of_bundle = placement_group_table(self.placement_group)["bundles_to_node_id"]
         ip_of_node = {n["NodeID"]: n["NodeManagerAddress"] for n in _alive_nodes()}
         remote = ray.remote(TaskRunner)
-        options = {key: bundle[name] for name, key in _BUILTIN.items() if name in bundle}
-        custom = {k: v for k, v in bundle.items() if k not in _BUILTIN}
         for index, task in enumerate(layout):
             node_id = node_of_bundle[index]
             actor = remote.options(
-                num_cpus=options.get("num_cpus", 0), num_gpus=options.get("num_gpus", 0),
-                memory=options.get("memory"), resources=custom or None,
-                runtime_env=ray_config.runtime_env or None, name=f"{self.run_tag}-{self.attempt}-{task.name}",
+                **resource_options(bundle), runtime_env=ray_config.runtime_env or None, name=f"{self.run_tag}-{self.attempt}-{task.name}",
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group,
                                                                     placement_group_bundle_index=index),
             ).remote(self.spec_json, self.extra_env)
@@ -427,7 +387,7 @@ def launch_on_ray(spec: WorkerSpec, config: PipelineConfig, *, log_fn: Callable[
 
     `secret_env` (from `PipelineConfig.for_process`) reaches every task's worker process in its environment.
     """
-    connected = connect(config)
+    connected = connect(config.train.ray)
     try:
         check_cluster(config, len(plan_tasks(config)))
         return launch(spec, config, log_fn=log_fn, timeout_s=timeout_s, on_restart=on_restart,

@@ -2,80 +2,23 @@
 
 from __future__ import annotations
 
-import concurrent.futures
-import datetime
 import logging
-import os
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 
-import numpy as np
-import pyarrow as pa
-from pydantic import BaseModel, ConfigDict
-
-from pipeline_lib.config import OnBadRecord, OutputFormat, PredictConfig
-from pipeline_lib.core import storage
+from pipeline_lib.config import DataEngine, PredictConfig
 from pipeline_lib.core.secrets import mask_url_passwords
-from pipeline_lib.data.bad_records import MAX_BAD_SAMPLES, bad_message
-from pipeline_lib.data.readers.base import read_ahead
 from pipeline_lib.prediction import tables
-from pipeline_lib.prediction.models import PredictionError, ResolvedModel, open_model
-from pipeline_lib.serving.tfdag_scoring import RawRowError, Scorer
+from pipeline_lib.prediction.models import open_model
+from pipeline_lib.prediction.scoring import (
+    BadRows,
+    PredictResult,
+    open_scorer,
+    resolved_tracking_uri,
+    run_record,
+    score_into,
+)
 
 logger = logging.getLogger(__name__)
-
-
-class PredictResult(BaseModel):
-    """What one batch-scoring run did (`tfdag predict --json` prints it)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    model: ResolvedModel
-    input: str
-    output: str
-    output_format: OutputFormat
-    num_rows: int  # rows scored (and written)
-    num_skipped: int  # bad rows skipped (on_bad_record: skip)
-    bad_samples: list[str] = []  # the first few skipped rows, each naming its file, line or row, and column
-    num_chunks: int
-    batch_rows: int
-    seconds: float
-
-    @property
-    def rows_per_second(self) -> float:
-        return self.num_rows / self.seconds if self.seconds > 0 else 0.0
-
-    def summary_line(self) -> str:
-        return (f"predict | rows: {self.num_rows} | skipped: {self.num_skipped} | seconds: {self.seconds:.2f} | "
-                f"rows/s: {self.rows_per_second:,.0f} | model: {self.model.describe()} | output: {self.output}")
-
-
-@dataclass
-class _BadRows:
-    on_bad_record: OnBadRecord
-    count: int = 0
-    samples: list[str] = field(default_factory=list)
-
-    def handle(self, chunk: tables.Chunk, problems: dict[int, RawRowError]) -> np.ndarray | None:
-        """The rows of `chunk` to score (None: all), after failing on the first bad row or counting them."""
-        raw = chunk.raw
-        found = [(position, bad_message(raw, position, None, None, why)) for position, why in raw.structural]
-        found += [(raw.position(row), bad_message(raw, raw.position(row), error.column, error.value, error.reason))
-                  for row, error in problems.items()]
-        if not found:
-            return None
-        found.sort()
-        if self.on_bad_record == OnBadRecord.FAIL:
-            raise PredictionError(f"bad record: {found[0][1]}; fix the input, or pass --on-bad-record skip "
-                                  "(on_bad_record: skip) to score the other rows and count the bad ones")
-        self.count += len(found)
-        for _position, message in found[: max(0, MAX_BAD_SAMPLES - len(self.samples))]:
-            self.samples.append(message)
-            logger.warning("predict | skipping bad record: %s", message)
-        keep = np.ones(len(chunk.frame), dtype=bool)
-        keep[list(problems)] = False
-        return keep
 
 
 def predict(config: PredictConfig) -> PredictResult:
@@ -91,45 +34,23 @@ def predict(config: PredictConfig) -> PredictResult:
         PredictionError: the model or a column cannot be found, or (on_bad_record: fail) a row is bad: one line
             naming the file, line or row, column and value.
     """
+    if config.engine == DataEngine.RAY:  # Ray is imported only when a config asks for it
+        from pipeline_lib.prediction.ray_engine import predict_on_ray
+
+        return predict_on_ray(config)
     started = time.perf_counter()
     fmt = tables.output_format(config)
-    # `${NAME}` references in the URI (a password) are resolved here, where the store is opened.
-    tracking_uri = (storage.expand_env(config.tracking_uri, "tracking_uri") if config.tracking_uri
-                    else os.environ.get("MLFLOW_TRACKING_URI"))
-    with open_model(config.model, tracking_uri=tracking_uri, storage_options=config.storage_options) as (model,
-                                                                                                        local):
-        scorer = Scorer(local, batch_rows=config.batch_rows)
-        clash = [name for name in config.keep if name in scorer.output_columns()]
-        if clash:
-            raise PredictionError(f"keep names {clash}, which the output has as predictions; keep other columns")
-        bad = _BadRows(config.on_bad_record)
+    with open_model(config.model, tracking_uri=resolved_tracking_uri(config),
+                    storage_options=config.storage_options) as (model, local):
+        scorer = open_scorer(config, local)
+        bad = BadRows(config.on_bad_record)
         writer = tables.OutputWriter(config.output, fmt, config.storage_options)
-        num_rows = num_chunks = 0
         try:
-            prepared = read_ahead(_prepare(scorer, tables.read_chunks(config, scorer.columns,
-                                                                      scorer.spec["label"]["name"])))
-            with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-write") as output:
-                pending: concurrent.futures.Future | None = None
-                for chunk, tensors, problems in prepared:
-                    keep = bad.handle(chunk, problems)
-                    if keep is not None:
-                        tensors = {name: values[keep] for name, values in tensors.items()}
-                    table = _output_table(scorer, chunk, keep, scorer.predict_tensors(tensors))
-                    if pending is not None:
-                        pending.result()  # one chunk being written at a time: memory stays bounded
-                    pending = output.submit(writer.write, table)
-                    num_rows += table.num_rows
-                    num_chunks += 1
-                if pending is not None:
-                    pending.result()
-            if num_chunks == 0 or writer.schema is None:  # no rows: the file still has the columns
-                writer.write(_empty_table(scorer, config.keep))
+            num_rows, num_chunks = score_into(
+                writer, scorer, tables.read_chunks(config, scorer.columns, scorer.spec["label"]["name"]), bad,
+                config.keep)
             seconds = time.perf_counter() - started
-            record = {"model": model.model_dump(mode="json"), "input": mask_url_passwords(config.input),
-                      "rows": num_rows, "skipped_rows": bad.count, "bad_samples": bad.samples,
-                      "batch_rows": config.batch_rows, "keep": list(config.keep),
-                      "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-            writer.commit(record)
+            writer.commit(run_record(config, model, num_rows, bad))
         except BaseException:
             writer.abort()
             raise
@@ -138,23 +59,3 @@ def predict(config: PredictConfig) -> PredictResult:
         num_chunks=num_chunks, batch_rows=config.batch_rows, seconds=round(seconds, 3))
     logger.debug("%s", result.summary_line())
     return result
-
-
-def _prepare(scorer: Scorer, chunks: Iterator[tables.Chunk]):
-    """Each chunk with its model inputs and bad values: runs on the read-ahead thread, beside the scoring."""
-    for chunk in chunks:
-        tensors, problems = scorer.convert(chunk.frame)
-        yield chunk, tensors, problems
-
-
-def _output_table(scorer: Scorer, chunk: tables.Chunk, keep: np.ndarray | None, outputs) -> pa.Table:
-    mask = None if keep is None else pa.array(keep)
-    kept = {name: (values if mask is None else values.filter(mask)) for name, values in chunk.kept.items()}
-    return pa.table({**kept, **{name: pa.array(values) for name, values in scorer.output_arrays(outputs).items()}})
-
-
-def _empty_table(scorer: Scorer, keep: tuple[str, ...]) -> pa.Table:
-    empty = {column["name"]: np.zeros((0, *column["shape"]), np.float32) if column["dtype"] != "string"
-             else np.zeros((0, *column["shape"]), object) for column in scorer.columns}
-    predictions = scorer.output_arrays(scorer.predict_tensors(empty))
-    return pa.table({**{name: pa.nulls(0) for name in keep}, **{name: pa.array(v) for name, v in predictions.items()}})

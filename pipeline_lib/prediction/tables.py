@@ -23,12 +23,14 @@ from pipeline_lib.config.csv import CsvOptions
 from pipeline_lib.core import storage
 from pipeline_lib.data.readers.base import MISSING, RawChunk
 from pipeline_lib.data.readers.registry import open_reader
-from pipeline_lib.data.sources import list_source
+from pipeline_lib.data.sources import ListedFile, list_source
 from pipeline_lib.prediction.models import PredictionError
 
 # The Parquet schema's key-value metadata key, and the CSV output's sidecar suffix, that hold the run's record.
 METADATA_KEY = "tfdag.predict"
 CSV_METADATA_SUFFIX = ".meta.json"
+# The marker a directory of parts (engine ray) gets last: the run's record and its parts; no marker, no output.
+PARTS_MARKER = "_tfdag_predict.json"
 _OUTPUT_EXTENSIONS = {".parquet": OutputFormat.PARQUET, ".pq": OutputFormat.PARQUET, ".csv": OutputFormat.CSV}
 
 
@@ -64,28 +66,41 @@ def read_chunks(config: PredictConfig, columns: Sequence[Mapping[str, Any]], lab
         PredictionError: a file lacks a column the model takes or a kept column.
         ConversionError: INPUT names no readable file.
     """
-    data = DataConfig(source=config.input, format=config.input_format, label=label,
+    data = input_data(config, label)
+    fs, files = list_source(data)
+    for source in files:
+        yield from file_chunks(config, data, fs, source, columns)
+
+
+def input_data(config: PredictConfig, label: str) -> DataConfig:
+    """INPUT as a conversion's data section: how its files are listed and read."""
+    return DataConfig(source=config.input, format=config.input_format, label=label,
                       storage_options=dict(config.storage_options), read_chunk_rows=config.batch_rows,
                       **{name: getattr(config, name) for name in CsvOptions.model_fields})
-    fs, files = list_source(data)
+
+
+def file_chunks(config: PredictConfig, data: DataConfig, fs, source: ListedFile, columns: Sequence[Mapping[str, Any]],
+                row_groups: range | None = None) -> Iterator[Chunk]:
+    """The rows of one INPUT file (of these Parquet row groups only, when given), `config.batch_rows` at a time."""
     names = [c["name"] for c in columns]
     numbers = {c["name"] for c in columns if c["dtype"] != "string"}
     needed = list(dict.fromkeys([*names, *config.keep]))
-    for source in files:
-        reader = open_reader(fs, source, data)
-        available = reader.available_columns()
-        absent = [n for n in names if n not in available]
-        if absent:
-            raise PredictionError(f"{source.uri} has no column {', '.join(map(repr, absent))}; the model takes "
-                                  f"{names} (other columns are ignored)")
-        absent = [n for n in config.keep if n not in available]
-        if absent:
-            raise PredictionError(f"{source.uri} has no column {', '.join(map(repr, absent))} to keep (--keep); "
-                                  f"its columns are {available}")
-        is_csv = source.format == DataFormat.CSV
-        for raw in reader.chunks(needed, config.batch_rows):
-            frame = pd.DataFrame({n: _series(raw.columns[n], is_csv and n in numbers) for n in names})
-            yield Chunk(raw=raw, frame=frame, kept={n: _arrow(raw.columns[n]) for n in config.keep})
+    reader = open_reader(fs, source, data)
+    available = reader.available_columns()
+    absent = [n for n in names if n not in available]
+    if absent:
+        raise PredictionError(f"{source.uri} has no column {', '.join(map(repr, absent))}; the model takes "
+                              f"{names} (other columns are ignored)")
+    absent = [n for n in config.keep if n not in available]
+    if absent:
+        raise PredictionError(f"{source.uri} has no column {', '.join(map(repr, absent))} to keep (--keep); "
+                              f"its columns are {available}")
+    if row_groups is not None:
+        reader.select_row_groups(row_groups)
+    is_csv = source.format == DataFormat.CSV
+    for raw in reader.chunks(needed, config.batch_rows):
+        frame = pd.DataFrame({n: _series(raw.columns[n], is_csv and n in numbers) for n in names})
+        yield Chunk(raw=raw, frame=frame, kept={n: _arrow(raw.columns[n]) for n in config.keep})
 
 
 def _series(values: Any, empty_is_missing: bool) -> pd.Series:
@@ -146,14 +161,15 @@ class OutputWriter:
                                       "types") from None
         self._writer.write_table(table)
 
-    def commit(self, record: Mapping[str, Any]) -> None:
-        """Close the file with `record` as its metadata and move it to OUTPUT."""
+    def commit(self, record: Mapping[str, Any] | None) -> None:
+        """Close the file with `record` as its metadata (None: a part of a directory, whose marker holds the record)
+        and move it to OUTPUT."""
         text = json.dumps(record, sort_keys=True, default=str)
-        if self.format == OutputFormat.PARQUET:
+        if self.format == OutputFormat.PARQUET and record is not None:
             self._writer.add_key_value_metadata({METADATA_KEY: text})
         self._writer.close()
         self._writer = None
-        if self.format == OutputFormat.CSV:
+        if self.format == OutputFormat.CSV and record is not None:
             storage.write_bytes_atomic(self.fs, self.path + CSV_METADATA_SUFFIX, (text + "\n").encode())
         if self.is_local:
             os.replace(self.tmp, self.path)
@@ -174,8 +190,11 @@ class OutputWriter:
 
 
 def read_metadata(uri: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The record a batch-scoring run left with its output (Parquet metadata or the CSV's sidecar)."""
+    """The record a batch-scoring run left with its output (Parquet metadata, the CSV's sidecar, or the marker of a
+    directory of parts)."""
     fs, path = storage.get_fs(uri, dict(storage_options or {}))
+    if fs.isdir(path):
+        return json.loads(fs.cat_file(storage.join(path, PARTS_MARKER)))
     if path.lower().endswith(".csv"):
         return json.loads(fs.cat_file(path + CSV_METADATA_SUFFIX))
     with fs.open(path, "rb") as handle:

@@ -187,7 +187,7 @@ def check_data(run: RecordedRun, convert_root: str) -> tuple[Manifest | None, li
     logger.warning("the run's TFRecords are not intact (%s); converting %s again into %s", "; ".join(problems),
                    config.data.source, convert_root)
     try:
-        manifest = convert(config.data, convert_root, config.storage_options)
+        manifest = convert(config.data, convert_root, config.storage_options, ray=config.train.ray)
     except Exception as error:  # noqa: BLE001 - reported as the reason the data is not there
         return None, [*problems, f"converting data.source {config.data.source!r} again failed: {error}"]
     found = []

@@ -14,11 +14,12 @@ import time
 
 import pytest
 
+from pipeline_lib.cluster.ray_connect import RayClusterError, connect
 from pipeline_lib.config import RAY_ADDRESS_ENV, ConfigError
 from pipeline_lib.core.net import free_port
 from pipeline_lib.data.manifest import Manifest
-from pipeline_lib.launch.errors import RayClusterError, WorkerFailed
-from pipeline_lib.launch.ray_launcher import connect, launch_on_ray
+from pipeline_lib.launch.errors import WorkerFailed
+from pipeline_lib.launch.ray_launcher import launch_on_ray
 from tests.pipeline_lib.launch_support import (
     REPO_ROOT,
     LogCapture,
@@ -95,7 +96,7 @@ def test_no_address_anywhere_names_both_places(monkeypatch, tmp_path, ray_cluste
     monkeypatch.delenv(RAY_ADDRESS_ENV, raising=False)
     config = _ray_config(ray_cluster, str(tmp_path), ray={"address": None})
     with pytest.raises(ConfigError, match="neither train.ray.address nor the RAY_ADDRESS environment variable"):
-        connect(config)
+        connect(config.train.ray)
 
 
 def test_a_wrong_address_is_named_before_any_actor(ray_cluster, tmp_path):
@@ -106,7 +107,7 @@ def test_a_wrong_address_is_named_before_any_actor(ray_cluster, tmp_path):
     ray.shutdown()
     try:
         with pytest.raises(RayClusterError) as error:
-            connect(_ray_config(ray_cluster, str(tmp_path), ray={"address": wrong}))
+            connect(_ray_config(ray_cluster, str(tmp_path), ray={"address": wrong}).train.ray)
         assert f"train.ray.address (or RAY_ADDRESS) {wrong!r}: no Ray cluster answers there" in str(error.value)
     finally:
         ray.init(address=ray_cluster.address, _node_ip_address=RAY_IP, log_to_driver=False, configure_logging=False)

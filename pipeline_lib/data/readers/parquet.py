@@ -32,6 +32,13 @@ class ParquetReader:
             raise_if_outage(error, source.uri, "reading the Parquet footer of")
             raise ConversionError(f"{source.uri} is not a readable Parquet file ({error}); check data.format") from None
         self.names = list(self.file.schema_arrow.names)
+        self._groups = range(self.file.num_row_groups)
+        self._first_row = 1
+
+    def select_row_groups(self, groups: range) -> None:
+        """Read only these row groups (a task's share of the file); rows keep their numbers in the whole file."""
+        self._groups = groups
+        self._first_row = 1 + sum(self.file.metadata.row_group(g).num_rows for g in range(groups.start))
 
     def available_columns(self) -> list[str]:
         return list(self.names)
@@ -44,7 +51,7 @@ class ParquetReader:
 
     def chunks(self, needed: Sequence[str], chunk_rows: int) -> Iterator[RawChunk]:
         check_columns(self.source.uri, self.names, needed)
-        first_row = 1
+        first_row = self._first_row
         try:
             for batch in self._batches(list(needed), chunk_rows):
                 start = first_row
@@ -76,11 +83,11 @@ class ParquetReader:
         def read(group: int) -> pa.Table:
             return self.file.read_row_group(group, columns=columns, use_threads=False)
 
-        num_groups = self.file.num_row_groups
+        groups = self._groups
         with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdag-parquet") as decoder:
             ahead: concurrent.futures.Future | None = None
             try:
-                for group in range(num_groups):
+                for group in groups:
                     if ahead is not None:
                         table, ahead = ahead.result(), None
                     elif whole(group):
@@ -88,7 +95,7 @@ class ParquetReader:
                     else:
                         yield from self.file.iter_batches(batch_size=chunk_rows, columns=columns, row_groups=[group])
                         continue
-                    if group + 1 < num_groups and whole(group + 1):
+                    if group + 1 < groups.stop and whole(group + 1):
                         ahead = decoder.submit(read, group + 1)
                     yield from table.to_batches(max_chunksize=chunk_rows)
                     del table

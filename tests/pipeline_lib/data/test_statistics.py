@@ -114,3 +114,36 @@ def test_a_high_cardinality_string_column_keeps_its_most_frequent_values(monkeyp
     result = strings.result()
     assert result.truncated and (result.count, result.missing) == (10, 3)
     assert result.values == {"a": 3, "b": 2, "c": 1, "d": 1, "e": 1}
+
+
+def test_statistics_of_parts_merge_into_those_of_the_whole():
+    """What the Ray engine's driver does with its tasks' statistics: counts, extremes, sketches and string counts
+    exactly, the moments up to rounding, and the most frequent strings when a part or the sum is cut."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(10, 3, 3000).astype(np.float32)
+    x[rng.random(3000) < 0.05] = np.nan
+    colors = pa.array([rng.choice([b"red", b"blue", b"", b"green"]) for _ in range(3000)], pa.binary())
+    to_eval = rng.random(3000) < 0.25
+
+    def statistics_of(rows: slice) -> stats_lib.DatasetStatistics:
+        builder = accumulators.StatisticsBuilder({"x": stats_lib.DType.FLOAT32, "color": stats_lib.DType.STRING},
+                                                 ["train", "eval"])
+        builder.add_chunk({"x": x[rows], "color": colors[rows]}, to_eval[rows], int(to_eval[rows].sum()))
+        return builder.result("color")
+
+    whole = statistics_of(slice(0, 3000))
+    merged = stats_lib.merge_statistics([statistics_of(slice(0, 700)), statistics_of(slice(700, 701)),
+                                         statistics_of(slice(701, 3000))])
+    for split in ("train", "eval"):
+        assert merged.splits[split].num_rows == whole.splits[split].num_rows
+        got, want = merged.feature("x", split).numeric, whole.feature("x", split).numeric
+        assert (got.count, got.missing, got.min, got.max, got.sketch) == (
+            want.count, want.missing, want.min, want.max, want.sketch)
+        assert got.mean == pytest.approx(want.mean, rel=1e-12) and got.variance == pytest.approx(want.variance,
+                                                                                                   rel=1e-9)
+        assert merged.feature("color", split).string == whole.feature("color", split).string
+
+    many = [stats_lib.StringStatistics(count=1, missing=0, values={f"v{i:05d}": 1})
+            for i in range(stats_lib.MAX_TRACKED_VALUES + 1)]
+    cut = stats_lib._merge_string(many)
+    assert cut.truncated and cut.count == len(many) and len(cut.values) == stats_lib.MAX_TRACKED_VALUES

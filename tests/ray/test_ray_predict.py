@@ -1,0 +1,131 @@
+"""`tfdag predict --engine ray` on the test's Ray cluster (tests/ray/conftest.py): a directory of parts with the local
+engine's rows and predictions and a marker written last, a bad row named with its file, line and node, and a node
+SIGKILLed mid-scoring whose part is scored again, not twice."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import psutil
+import pytest
+
+from pipeline_lib.config import DataEngine, PredictConfig, RayScoring, parse_config
+from pipeline_lib.data.convert import convert
+from pipeline_lib.evaluation import consolidation
+from pipeline_lib.planning import sharding
+from pipeline_lib.prediction import tables
+from pipeline_lib.prediction.models import PredictionError
+from pipeline_lib.prediction.predict import predict
+from pipeline_lib.training import loop as training
+from tests.ray.conftest import RAY_IP
+from tests.ray.tables_support import write_csvs
+
+
+@pytest.fixture(scope="module")
+def species_model(tmp_path_factory) -> str:
+    """An export of a small model of the species table, trained a few steps in this process."""
+    root = tmp_path_factory.mktemp("species")
+    source = write_csvs(root / "train", files=1, rows=600)
+    config = parse_config({"name": "species", "data": {"source": source, "label": "species"},
+                           "output_root": str(root / "out"), "train": {"steps": 4},
+                           "tracking": {"enabled": False}, "preflight": {"enabled": False}})
+    manifest = convert(config.data, config.output_root)
+    result = training.train(config, manifest, sharding.plan_for_train(manifest, config.train, 1), str(root / "run"))
+    return consolidation.consolidate(config, manifest, result, str(root / "run" / "export")).export_dir
+
+
+def _parts(output: str) -> pd.DataFrame:
+    return pd.concat([pd.read_parquet(part) for part in sorted(glob.glob(os.path.join(output, "part-*.parquet")))],
+                     ignore_index=True)
+
+
+def _same_predictions(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    assert list(got.columns) == list(want.columns)
+    np.testing.assert_array_equal(got["n"].to_numpy(), want["n"].to_numpy())
+    np.testing.assert_array_equal(got["prediction"].to_numpy(), want["prediction"].to_numpy())
+    np.testing.assert_allclose(got.filter(like="probability_").to_numpy(),
+                               want.filter(like="probability_").to_numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_scoring_on_ray_writes_the_local_rows_and_predictions_as_parts_with_a_marker(ray_cluster, species_model,
+                                                                                      tmp_path, capsys):
+    from flows.cli import main
+
+    source = write_csvs(tmp_path / "src", files=3, rows=700)
+    local = predict(PredictConfig(model=species_model, input=source, output=str(tmp_path / "local.parquet"),
+                                  keep=("n",), batch_rows=256))
+    output = str(tmp_path / "scored.parquet")
+    assert main(["predict", species_model, source, output, "--engine", "ray", "--ray-address", ray_cluster.address,
+                 "--keep", "n", "--batch-rows", "256", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["engine"] == "ray" and result["num_rows"] == local.num_rows == 2100
+    assert sum(result["nodes"].values()) == 3 and all(n.endswith(f"({RAY_IP})") for n in result["nodes"])
+    _same_predictions(_parts(output), pd.read_parquet(tmp_path / "local.parquet"))
+    record = tables.read_metadata(output)
+    assert (record["rows"], record["skipped_rows"], record["keep"], record["engine"]) == (2100, 0, ["n"], "ray")
+    assert [p["path"] for p in record["parts"]] == [f"part-{i:05d}.parquet" for i in range(3)]
+    assert sorted(os.listdir(output)) == sorted([*(f"part-{i:05d}.parquet" for i in range(3)), tables.PARTS_MARKER])
+
+
+def test_a_bad_row_on_a_node_is_named_with_its_file_line_and_node_and_nothing_is_left(ray_cluster, species_model,
+                                                                                      tmp_path):
+    source = write_csvs(tmp_path / "src", files=2, rows=100, bad={1: 57})
+    output = tmp_path / "scored.parquet"
+    with pytest.raises(PredictionError) as raised:
+        predict(PredictConfig(model=species_model, input=source, output=str(output), engine=DataEngine.RAY,
+                              ray=RayScoring(address=ray_cluster.address, node_ip_address=RAY_IP)))
+    message = str(raised.value)
+    assert f"{tmp_path / 'src' / 'part1.csv'} line 57, column 'x'" in message and "'abc'" in message, message
+    assert "on Ray node" in message and f"({RAY_IP})" in message
+    assert not output.exists()
+
+
+def test_a_node_killed_mid_scoring_has_its_part_scored_again_not_twice(ray_cluster, species_model, tmp_path):
+    source = write_csvs(tmp_path / "src", files=6, rows=3000)
+    local = predict(PredictConfig(model=species_model, input=source, output=str(tmp_path / "local.parquet"),
+                                  keep=("n",), batch_rows=100))
+    group = "tfdag_score_kill"
+    output = tmp_path / "scored.parquet"
+    with ray_cluster.nodes_of_their_own(group, 1) as added:
+        config = PredictConfig(model=species_model, input=source, output=str(output), keep=("n",), batch_rows=100,
+                               engine=DataEngine.RAY,
+                               ray=RayScoring(address=ray_cluster.address, node_ip_address=RAY_IP,
+                                              resources_per_actor={"CPU": 1.0, group: 1.0}))
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                outcome["result"] = predict(config)
+            except BaseException as error:  # noqa: BLE001 - re-raised by the test below
+                outcome["error"] = error
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 180
+        # a part being written: the only node the actor fits on is scoring
+        while not (output.exists() and any(name.endswith(".tmp") for name in os.listdir(output))):
+            assert thread.is_alive() and time.monotonic() < deadline, outcome
+            time.sleep(0.02)
+        raylet = psutil.Process(ray_cluster.raylet_pid(added[0]))
+        for process in [raylet, *raylet.children(recursive=True)]:  # the node and its workers, as a lost machine
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signal.SIGKILL)
+        ray_cluster.forget_node(added[0])
+        added.append(ray_cluster.add_node(f"{group}_b", {group: 1}))
+        thread.join(timeout=300)
+        assert not thread.is_alive(), "scoring did not finish after the node was lost"
+    if "error" in outcome:
+        raise outcome["error"]
+    result = outcome["result"]
+    assert result.num_rows == local.num_rows == 18000
+    _same_predictions(_parts(str(output)), pd.read_parquet(tmp_path / "local.parquet"))
+    assert sorted(os.listdir(output)) == sorted([*(f"part-{i:05d}.parquet" for i in range(6)), tables.PARTS_MARKER])
+    assert any(name.startswith(added[1][:12]) for name in result.nodes), result.nodes
