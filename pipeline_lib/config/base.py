@@ -31,7 +31,7 @@ SecretUri = Annotated[str | None, _SECRETS]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, use_enum_values=False)
 
     def __repr_args__(self):
         # repr() is no dump, yet a traceback or a log line may show it: the credential fields masked there too.

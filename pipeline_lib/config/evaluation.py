@@ -45,16 +45,30 @@ def _unset(model: _Frozen, key: str) -> bool:
 
 class GateConfig(_Frozen):
     metric: str | None = None  # None: the task's (accuracy for classification, rmse for regression)
+    """what "better" means: one of the task's metrics (anything else is a config error naming the task and what
+    fits); `loss`, `mae`, `rmse` are always minimised, any other metric goes in `direction` (`max`)"""
     direction: Direction = Direction.MAX  # for metrics without a fixed direction (loss, mae, rmse: always min)
+    """what "better" means: one of the task's metrics (anything else is a config error naming the task and what
+    fits); `loss`, `mae`, `rmse` are always minimised, any other metric goes in `direction` (`max`)"""
     threshold: float | None = None  # the challenger must reach this to be blessed at all
+    """minimum to pass the gate"""
     min_improvement: float = Field(0.0, ge=0.0)  # over the champion, on `metric`
+    """margin a model needs over the current champion on the gate metric, on the same eval split"""
     # Every slice of `evaluation.slices` with at least `min_slice_examples` examples must reach this on `metric`.
     slice_threshold: float | None = None
+    """every slice with at least `min_slice_examples` examples must reach this on the gate metric, or the model
+    is not blessed (the reason names the slice)"""
     min_slice_examples: int = Field(30, ge=1)
+    """every slice with at least `min_slice_examples` examples must reach this on the gate metric, or the model
+    is not blessed (the reason names the slice)"""
     # Bless only a model that beats the trivial predictor (the train split's majority class or mean) on `metric`
     # by more than `baseline_margin`, on the same eval split.
     beat_baseline: bool = True
+    """bless only a model that beats the trivial predictor (the train split's majority class, or its mean for a
+    regression) on the gate metric, on the same eval split, by more than the margin"""
     baseline_margin: float = Field(0.0, ge=0.0)
+    """bless only a model that beats the trivial predictor (the train split's majority class, or its mean for a
+    regression) on the gate metric, on the same eval split, by more than the margin"""
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any, info: SerializationInfo) -> dict[str, Any]:
@@ -92,7 +106,9 @@ class BucketSlice(_Frozen):
     """Slices of a numeric feature by bucket boundaries: [18, 35, 65] → <18, [18,35), [35,65), ≥65."""
 
     feature: str
+    """The numeric feature whose values are bucketed into slices"""
     boundaries: tuple[float, ...] = Field(min_length=1)
+    """Increasing bucket boundaries: [18, 35, 65] makes <18, [18,35), [35,65) and >=65"""
 
     @field_validator("boundaries")
     @classmethod
@@ -108,15 +124,27 @@ SliceSpec = tuple[str, ...] | BucketSlice
 
 class EvaluationConfig(_Frozen):
     metrics: tuple[str, ...] | None = None  # None: the task's (loss, accuracy, auc / loss, mae, rmse, r2)
+    """what the run reports: classification `loss`, `accuracy`, `auc`, `confusion_matrix`; regression `loss`,
+    `mae`, `rmse`, `r2` (the confusion matrix is always in the report); a metric of the other task, or a list
+    without the gate metric, is a config error"""
     select: Literal["best", "latest"] = "best"
+    """export the `best` checkpoint by the gate metric (`eval_<metric>` the trainer records; `auc` ranks by
+    `eval_loss`), or the `latest`"""
     gate: GateConfig = GateConfig()
+    """The blessing gate: the metric, its threshold, the champion and the trivial baseline to beat"""
     # Metrics per slice of the eval split: [["region"], ["region", "device"], {feature: age, boundaries: [18, 35]}].
     slices: tuple[SliceSpec, ...] = ()
+    """metrics per slice of the eval split: feature keys (`[["region"], ["region", "device"]]`, one slice per
+    combination of values) or a numeric feature by bucket boundaries (`{feature: age, boundaries: [18, 35,
+    65]}` → `<18`, `[18,35)`, `[35,65)`, `≥65`)"""
     # Retrain-only convenience: the gate's margin, also accepted at this level.
     min_improvement: float | None = Field(None, ge=0.0)
+    """margin a model needs over the current champion on the gate metric, on the same eval split"""
     # The model check before registration (`serving.validation`): the export loaded in a fresh process through the
     # public loaders must predict what the trained model does; a model that fails it is not blessed.
     validate_model: bool = True
+    """the model check before registration (the `validate_model` stage): the export must load in a fresh process
+    without tfdag and predict what the trained model does, or it is not blessed"""
 
     @field_validator("metrics")
     @classmethod

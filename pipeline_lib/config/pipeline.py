@@ -42,20 +42,34 @@ RESUME_SAFE_KEYS = ("train.max_restarts", "train.restart_backoff_s", "train.hang
 
 class PipelineConfig(_Frozen):
     name: str = "pipeline"
+    """pipeline name: run names, artifact keys"""
     data: DataConfig
+    """The source table, its conversion to TFRecords and its train/eval split, and what a missing value does"""
     output_root: str = DEFAULT_ROOT
+    """fsspec URI for TFRecords (`data/<fingerprint>/`), runs (`runs/<run>/`) and the default MLflow store"""
     storage_options: SecretSettings = Field(default_factory=dict)  # for output_root; secrets masked in every dump
+    """fsspec options for `output_root` (endpoint, profile, anon…)"""
     model: ModelConfig = ModelConfig()
+    """The model the factory builds, and its task"""
     train: TrainConfig = TrainConfig()
+    """How training runs: launcher, strategy, batch and learning-rate scaling, steps, checkpoints and faults"""
     evaluation: EvaluationConfig = EvaluationConfig()
+    """The metrics of the exported model on the eval split, its slices, and the gate that blesses it"""
     tracking: TrackingConfig = TrackingConfig()
+    """The MLflow store, experiment and registered model; whether a run is tracked at all"""
     preflight: PreflightConfig = PreflightConfig()
+    """The cross-worker check every worker runs before training"""
     observability: ObservabilityConfig = ObservabilityConfig()
+    """Prometheus metrics, profiling and the per-step metrics of the workers"""
     validation: ValidationConfig = ValidationConfig()
+    """The data check against a baseline run's statistics before training"""
     tune: TuneConfig | None = None  # a hyperparameter search (`tfdag tune`); None: no search
+    """a hyperparameter search (`tfdag tune`); None: no search"""
     # Set by the tuning runner (`tuning.runner`) in each trial's config, never by a user: where the trial's chief
     # reports its evaluations.
     tune_trial: TrialBinding | None = None
+    """Set by the tuning runner (`tuning.runner`) in each trial's config, never by a user: where the trial's
+    chief reports its evaluations."""
 
     @model_validator(mode="after")
     def _task_defaults_and_rules(self) -> PipelineConfig:

@@ -38,11 +38,19 @@ class RayConfig(_Frozen):
     """`train.ray`: where the Ray cluster is and what each task reserves on it (used when train.launcher is ray)."""
 
     address: str | None = None  # None: $RAY_ADDRESS
+    """the Ray head's GCS address (`10.0.0.5:6379`); neither set with `launcher: ray` → an error naming both"""
     resources_per_worker: dict[str, float] = Field(default_factory=lambda: {"CPU": 1.0})
+    """what each task's bundle reserves: `CPU`, `GPU`, `memory` (bytes) and custom resources; more than any node
+    has → an error before any actor starts"""
     placement: RayPlacement = RayPlacement.SPREAD
+    """`spread`: one task per node (`STRICT_SPREAD`; too few nodes → an error with the nodes needed and
+    available), `pack`: as few nodes as fit"""
     runtime_env: SecretSettings = Field(default_factory=dict)  # passed through to every task's actor
+    """passed through to every task's actor (`env_vars`, `pip`, `working_dir`…)"""
     node_ip_address: str | None = None  # this driver's IP as Ray nodes reach it (ray.init's _node_ip_address)
+    """this driver's IP as the nodes reach it (`ray.init(_node_ip_address=...)`); unset: Ray picks"""
     placement_timeout_s: float = Field(60.0, gt=0.0)
+    """how long Ray may take to place the bundles and answer the actors' first calls"""
 
     @field_validator("resources_per_worker")
     @classmethod

@@ -31,6 +31,7 @@ class Pruner(str, enum.Enum):  # `tune.pruner`
 
 class LogUniform(_Frozen):
     loguniform: tuple[float, float]
+    """[low, high], 0 < low < high: sampled uniformly on a log scale (a learning rate)"""
 
     @model_validator(mode="after")
     def _range(self) -> LogUniform:
@@ -42,6 +43,7 @@ class LogUniform(_Frozen):
 
 class Uniform(_Frozen):
     uniform: tuple[float, float]
+    """[low, high], low < high: sampled uniformly"""
 
     @model_validator(mode="after")
     def _range(self) -> Uniform:
@@ -52,11 +54,15 @@ class Uniform(_Frozen):
 
 
 class IntRange(_Frozen):
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True, serialize_by_alias=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, validate_by_name=True,
+                              serialize_by_alias=True)
 
     int_: tuple[int, int] = Field(alias="int")
+    """[low, high], both included: an integer"""
     step: int = Field(1, ge=1)
+    """The spacing of the integers from low; high - low must be a whole number of steps"""
     log: bool = False
+    """Sample on a log scale (step 1, low >= 1)"""
 
     @model_validator(mode="after")
     def _range(self) -> IntRange:
@@ -80,6 +86,7 @@ class IntRange(_Frozen):
 
 class Choice(_Frozen):
     choice: tuple[Any, ...]
+    """The values to choose from, each once (numbers, strings, booleans, null, or lists and mappings of those)"""
 
     @model_validator(mode="after")
     def _distinct(self) -> Choice:
@@ -130,23 +137,37 @@ CONTINUOUS = (LogUniform, Uniform)
 
 class TuneConfig(_Frozen):
     trials: int = Field(10, ge=1)  # trials that finish (complete or pruned); a failed one's budget goes to a new one
+    """trials that finish (complete or pruned); a failed one's budget goes to a new one"""
     parallel: int = Field(1, ge=1)  # trials training at once, each in its own processes
+    """trials training at once, each in its own processes"""
     # dotted config path -> distribution, e.g. `train.base_learning_rate: {loguniform: [1.0e-4, 1.0e-1]}`
     space: dict[str, Distribution] = Field(min_length=1)
+    """dotted config path -> distribution, e.g. `train.base_learning_rate: {loguniform: [1.0e-4, 1.0e-1]}`"""
     sampler: Sampler = Sampler.TPE
+    """tpe (Optuna's TPESampler), random, or grid (every combination of the choices and int ranges, each once)"""
     pruner: Pruner = Pruner.MEDIAN
+    """median (a trial worse than the median of the finished trials at the same step stops), hyperband, or none"""
     # The median pruner prunes only after this many trials completed (Optuna's n_startup_trials).
     startup_trials: int = Field(2, ge=0)
+    """The median pruner prunes only after this many trials completed (Optuna's n_startup_trials)."""
     # A metric of the trainer's evaluation at each checkpoint (train.CHECKPOINT_EVAL_METRICS); None: the one
     # best-checkpoint selection ranks by (the gate metric, or loss for one the trainer does not record).
     metric: str | None = None
+    """A metric of the trainer's evaluation at each checkpoint (train.CHECKPOINT_EVAL_METRICS); None: the one
+    best-checkpoint selection ranks by (the gate metric, or loss for one the trainer does not record)."""
     direction: Direction | None = None  # None: evaluation.gate.direction (loss, mae, rmse: always min)
+    """None: evaluation.gate.direction (loss, mae, rmse: always min)"""
     seed: int | None = None  # the sampler's
+    """the sampler's"""
     study: str | None = None  # None: the pipeline's `name`
+    """None: the pipeline's `name`"""
     # None: a journal file <output_root>/tune/<study>/journal.log (one machine; survives crashes and parallel
     # writers). A path: a journal file there. A URL: a database (postgresql://user:${PASSWORD}@host/db,
     # sqlite:///path): for trials on several machines. A URL's password is masked in every dump.
     storage: SecretUri = None
+    """None: a journal file <output_root>/tune/<study>/journal.log (one machine; survives crashes and parallel
+    writers). A path: a journal file there. A URL: a database (postgresql://user:${PASSWORD}@host/db,
+    sqlite:///path): for trials on several machines. A URL's password is masked in every dump."""
 
     def grid(self) -> dict[str, list[Any]]:
         """The grid sampler's search space: each path's choices (`choice_key`s) or int values.
@@ -178,9 +199,16 @@ class TrialBinding(_Frozen):
     trial `trial_number` of study `study` in `storage` and asks `pruner` whether to stop."""
 
     storage: SecretUri  # as tune.storage resolves it (a journal file's path or a database URL)
+    """as tune.storage resolves it (a journal file's path or a database URL)"""
     study: str
+    """The study the trial belongs to (set by the tuning runner, never by a user)"""
     trial_number: int = Field(ge=0)
+    """The trial's number in its study"""
     metric: str  # the checkpoint metric reported, e.g. eval_accuracy
+    """the checkpoint metric reported, e.g. eval_accuracy"""
     direction: Direction
+    """Whether the reported metric improves up (max) or down (min)"""
     pruner: Pruner = Pruner.MEDIAN
+    """The study's pruner, which the chief asks at each evaluation whether to stop"""
     startup_trials: int = Field(2, ge=0)
+    """Trials that complete before the median pruner prunes (Optuna's n_startup_trials)"""

@@ -46,3 +46,26 @@ def test_the_schema_refuses_what_the_models_refuse():
                 {**good, "train": {"steps": "many"}},
                 {**good, "data": {**good["data"], "engine": "spark"}}):
         assert list(validator.iter_errors(bad)), bad
+
+
+def test_every_key_has_a_description_for_the_schema_and_the_reference():
+    """What editors show beside a key, Prefect's deployment form shows beside a parameter, and the reference lists."""
+    missing: list[str] = []
+
+    def walk(schema: dict, where: str) -> None:
+        if "$ref" in schema:
+            schema = definitions[schema["$ref"].rsplit("/", 1)[1]]
+        for name, field in schema.get("properties", {}).items():
+            if not field.get("description"):
+                missing.append(f"{where}{name}")
+            for branch in [field, *field.get("anyOf", []), field.get("additionalProperties") or {}]:
+                if isinstance(branch, dict) and "$ref" in branch and f"{where}{name}." not in seen:
+                    seen.add(f"{where}{name}.")
+                    walk(branch, f"{where}{name}.")
+
+    schema = config_schema()
+    definitions, seen = schema["$defs"], set()
+    walk(schema, "")
+    missing += [f"{model}.{name}" for model, definition in definitions.items()  # the models in unions too
+                for name, field in definition.get("properties", {}).items() if not field.get("description")]
+    assert len(seen) > 10 and missing == [], missing

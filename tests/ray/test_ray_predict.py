@@ -1,6 +1,6 @@
 """`tfdag predict --engine ray` on the test's Ray cluster (tests/ray/conftest.py): a directory of parts with the local
 engine's rows and predictions and a marker written last, a bad row named with its file, line and node, and a node
-SIGKILLed mid-scoring whose part is scored again, not twice."""
+SIGKILLed mid-scoring whose part is scored again, not twice; input and output on moto's S3."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from pipeline_lib.prediction.predict import predict
 from pipeline_lib.training import loop as training
 from tests.ray.conftest import RAY_IP
 from tests.ray.tables_support import write_csvs
+from tests.stores.conftest import BUCKET
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +130,24 @@ def test_a_node_killed_mid_scoring_has_its_part_scored_again_not_twice(ray_clust
     _same_predictions(_parts(str(output)), pd.read_parquet(tmp_path / "local.parquet"))
     assert sorted(os.listdir(output)) == sorted([*(f"part-{i:05d}.parquet" for i in range(6)), tables.PARTS_MARKER])
     assert any(name.startswith(added[1][:12]) for name in result.nodes), result.nodes
+
+
+def test_scoring_on_ray_reads_and_writes_s3(ray_cluster, species_model, s3, tmp_path):
+    """Input and output on moto's S3 (the nodes have its endpoint and credentials): the parts are uploaded whole, the
+    marker last, and read back as the local engine's output."""
+    source = write_csvs(tmp_path / "src", files=2, rows=300)
+    for path in sorted(glob.glob(source)):
+        s3.fs.put_file(path, f"{BUCKET}/rows/{os.path.basename(path)}")
+    local = predict(PredictConfig(model=species_model, input=source, output=str(tmp_path / "local.parquet"),
+                                  keep=("n",)))
+    output = f"s3://{BUCKET}/scored/today.parquet"
+    result = predict(PredictConfig(model=species_model, input=f"s3://{BUCKET}/rows/*.csv", output=output,
+                                   keep=("n",), engine=DataEngine.RAY,
+                                   ray=RayScoring(address=ray_cluster.address, node_ip_address=RAY_IP)))
+    assert result.num_rows == local.num_rows == 600
+    names = sorted(os.path.basename(p) for p in s3.fs.ls(f"{BUCKET}/scored/today.parquet"))
+    assert names == sorted(["part-00000.parquet", "part-00001.parquet", tables.PARTS_MARKER]), names
+    parts = pd.concat([pd.read_parquet(s3.fs.open(f"{BUCKET}/scored/today.parquet/part-{i:05d}.parquet", "rb"))
+                       for i in range(2)], ignore_index=True)
+    _same_predictions(parts, pd.read_parquet(tmp_path / "local.parquet"))
+    assert tables.read_metadata(output)["rows"] == 600
