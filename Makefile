@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench install clean stack-up stack-down
+.PHONY: demo test bench docs install clean stack-up stack-down
 
 # constraints.txt pins every package to the versions the tests last passed with (regenerate it with
 # `$(BIN)/python .ci/constraints.py > constraints.txt` after changing pyproject.toml), so two fresh machines match.
@@ -38,6 +38,12 @@ PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=25
 test: $(STAMP)
 	./.ci/install-test-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS) tests
+
+## The docs site (mkdocs-material) in site/: the CLI and config references generated from the code, built strict
+## (a broken link, anchor or page fails the build).
+docs: $(STAMP)
+	$(BIN)/python docs/generate.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 ## Benchmarks: ratios against baselines measured in the same run; writes bench/results.json.
 bench: $(STAMP)

@@ -1,7 +1,8 @@
-"""`python -m bench.table [--readme]`: the README's performance table, printed from bench/results.json.
+"""`python -m bench.table [--write]`: the docs' performance table, printed from bench/results.json.
 
-With `--readme` the table replaces the lines between the README's `<!-- bench-table:start -->` and
-`<!-- bench-table:end -->` markers, so the README never shows a number that results.json does not hold.
+With `--write` the table replaces the lines between docs/performance.md's `<!-- bench-table:start -->` and
+`<!-- bench-table:end -->` markers, so the docs never show a number that results.json does not hold (a test keeps
+the page fresh).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from bench.__main__ import RESULTS
 
-README = RESULTS.parent.parent / "README.md"
+README = RESULTS.parent.parent / "docs" / "performance.md"
 START, END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
 
 
@@ -85,10 +86,10 @@ def write_readme(text: str, readme: Path = README) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.table", description=__doc__)
     parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--readme", action="store_true", help=f"write the table into {README.name}")
+    parser.add_argument("--write", action="store_true", help="write the table into docs/performance.md")
     args = parser.parse_args(argv)
     text = table(json.loads(args.results.read_text()))
-    if args.readme:
+    if args.write:
         write_readme(text)
     else:
         print(text)

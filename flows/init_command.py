@@ -45,6 +45,10 @@ def render(profile, schema_ref: str) -> str:
     if profile.label_values:
         lines.append(f"  # label values seen: {', '.join(map(str, profile.label_values))}")
     lines.append(f"  task: {profile.task.value}")
+    name = _name(profile.source)
+    lines += ["tracking:", f"  experiment: {name}",
+              f"  # a blessed model is registered under this name; the best one is models:/{name}@champion",
+              f"  registered_model: {name}"]
     return "\n".join(lines) + "\n"
 
 

@@ -2,7 +2,7 @@
 
 Each module satisfies `launch.protocol.Launcher`. A module is imported only when a config names it, so the local
 launcher never imports Ray. A new launcher is one new module and one line in `LAUNCHERS`, with its name in
-`config.Launcher` (the values `train.launcher` accepts; see docs/architecture.md, "Adding a launcher").
+`config.Launcher` (the values `train.launcher` accepts; see docs/explanation/architecture.md, "Adding a launcher").
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ def test_a_year_label_is_a_regression_and_identifiers_and_free_text_are_left_out
     jsonschema.Draft202012Validator(config_schema()).validate(yaml.safe_load(text))
     config = load_config(str(written))
     assert config.model.task == Task.REGRESSION and config.data.source == houses
+    assert config.tracking.registered_model == config.name == "houses"
     assert config.data.features == ("rooms", "area", "city", "species")
     assert "#   house_id: an identifier" in text and "#   note: free text" in text
 
