@@ -139,7 +139,7 @@ def test_the_getting_started_tutorial_runs_end_to_end(prefect_api, tmp_path):
         assert done.returncode == 0, f"`{line}` exited {done.returncode}: {done.stderr[-3000:]}"
         outputs.append(done.stdout)
     summary = json.loads(outputs[2].strip().splitlines()[-1])
-    assert summary["blessed"] and summary["registered_version"] == 1, summary
+    assert summary["blessed"] and summary["model_version"] == "1", summary
     import pandas as pd
 
     scored = pd.read_parquet(tmp_path / "scored.parquet")
