@@ -120,7 +120,12 @@ def instrumented(times: PhaseTimes) -> Iterator[None]:
     """Every phase's function wrapped for the duration (module attributes restored after)."""
     import pyarrow.parquet as pq
 
-    from pipeline_lib.data import convert, direct_io, parallel_gzip, tfrecord_writer
+    from pipeline_lib.data import (
+        chunk_conversion,
+        direct_io,
+        parallel_gzip,
+        tfrecord_writer,
+    )
     from pipeline_lib.data.accumulators import StatisticsBuilder
     from pipeline_lib.data.readers import csv, npz
 
@@ -132,11 +137,11 @@ def instrumented(times: PhaseTimes) -> Iterator[None]:
         (csv, "record_blocks", times.timed_generator("read (records; inflate for .gz)", csv.record_blocks)),
         (csv.CsvReader, "_parse", times.timed("parse (C loop, or Arrow CSV: this thread; Arrow's pool in the rest)",
                                                csv.CsvReader._parse)),
-        (convert, "coerce", times.timed("coerce", convert.coerce)),
-        (convert, "split_hash", times.timed("split hash", convert.split_hash)),
+        (chunk_conversion, "coerce", times.timed("coerce", chunk_conversion.coerce)),
+        (chunk_conversion, "split_hash", times.timed("split hash", chunk_conversion.split_hash)),
         (StatisticsBuilder, "add_chunk", times.timed("statistics", StatisticsBuilder.add_chunk)),
-        (convert, "encode_tfrecord_parts",
-         times.timed_generator("encode+frame+CRC32C", convert.encode_tfrecord_parts)),
+        (chunk_conversion, "encode_tfrecord_parts",
+         times.timed_generator("encode+frame+CRC32C", chunk_conversion.encode_tfrecord_parts)),
         (tfrecord_writer, "new_digest", _timed_digests(times, tfrecord_writer.new_digest)),
         (parallel_gzip, "_deflate", times.timed("gzip deflate", parallel_gzip._deflate)),
         (direct_io.DirectFile, "write", times.timed("write: copy to the aligned buffer (writer thread)",

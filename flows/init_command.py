@@ -47,7 +47,7 @@ def render(profile, schema_ref: str) -> str:
     lines.append(f"  task: {profile.task.value}")
     name = _name(profile.source)
     lines += ["tracking:", f"  experiment: {name}",
-              f"  # a blessed model is registered under this name; the best one is models:/{name}@champion",
+              f"  # a blessed model is registered under this name: models:/{name}/1 is the first version",
               f"  registered_model: {name}"]
     return "\n".join(lines) + "\n"
 

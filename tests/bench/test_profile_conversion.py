@@ -7,18 +7,18 @@ import time
 import pyarrow.parquet as pq
 
 from bench import profile_conversion
-from pipeline_lib.data import convert, tfrecord_writer
+from pipeline_lib.data import chunk_conversion, tfrecord_writer
 
 
 def test_a_parquet_profile_times_every_phase_and_restores_the_library(capsys):
-    originals = (pq.ParquetFile.read_row_group, convert.encode_tfrecord_parts, tfrecord_writer.new_digest)
+    originals = (pq.ParquetFile.read_row_group, chunk_conversion.encode_tfrecord_parts, tfrecord_writer.new_digest)
     times = profile_conversion.profile("wide", rows=3000, width=4)
     called = {phase for phase, calls in times.calls.items() if calls}
     assert {"read+decode (Parquet row groups)", "split hash", "statistics", "encode+frame+CRC32C", "digest",
             "write: copy to the aligned buffer (writer thread)",
             "O_DIRECT write() calls (device thread, shards' tails)", "shard close (fsync)"} <= called
     assert all(times.cpu[phase] >= 0 and times.wall[phase] > 0 for phase in called)
-    assert (pq.ParquetFile.read_row_group, convert.encode_tfrecord_parts, tfrecord_writer.new_digest) == originals
+    assert (pq.ParquetFile.read_row_group, chunk_conversion.encode_tfrecord_parts, tfrecord_writer.new_digest) == originals
     printed = capsys.readouterr().out
     assert "conversion profile: wide, 3000 rows" in printed and "digest blake3" in printed
     assert "digest alone: sha256" in printed and "digest alone: blake3" in printed
