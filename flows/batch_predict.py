@@ -38,6 +38,7 @@ def batch_predict(params: PredictConfig) -> PredictResult:
              f"- **model:** `{model.describe()}`" + (f", run `{model.run_id}`" if model.run_id else ""),
              f"- **input:** `{result.input}`", f"- **output:** `{result.output}` ({result.output_format.value})",
              f"- **skipped bad rows:** {result.num_skipped}",
+             *([f"- **engine:** ray, parts per node: {result.nodes}"] if result.engine == "ray" else []),
              f"- **time:** {result.seconds:.1f} s ({result.rows_per_second:,.0f} rows/s)"]
     lines += [f"  - {sample}" for sample in result.bad_samples]
     create_markdown_artifact("\n".join(lines) + "\n", key=artifact_key("batch-predict"),

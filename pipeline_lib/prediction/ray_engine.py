@@ -7,8 +7,8 @@ rows) and the parts. Without the marker a directory is no output. Reading the pa
 engine's rows and predictions.
 
 Each part is written beside its final name and renamed (uploaded once, on object storage), so a part is whole or
-absent. An actor lost with its node is restarted on a node that fits and its call retried (ACTOR_RESTARTS): the
-part is scored again under the same name, never twice.
+absent. An actor lost with its node is restarted on a node that fits and its part given to it again
+(ACTOR_RESTARTS): the part is scored again under the same name, never twice.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from pipeline_lib.prediction.scoring import (
 logger = logging.getLogger(__name__)
 
 ENGINE = "ray"
-ACTOR_RESTARTS = 3  # an actor lost with its node is started again, and its call retried, this many times
+ACTOR_RESTARTS = 3  # an actor lost with its node is started again, and its part given again, this many times
 
 
 @dataclass
@@ -165,13 +165,20 @@ def _start_pool(ray, config: PredictConfig, tracking_uri: str | None, num_units:
 
 
 def _score_all(ray, pool: list[Any], units: list[WorkUnit], output: str, extension: str) -> list[PartResult]:
-    """Every unit scored by the next free actor; the first failure is raised (its cause, for ours)."""
+    """Every unit scored by the next free actor; the first failure of ours is raised (its cause).
+
+    A call cut off by its actor's loss (the actor unavailable or dead, the node gone) is given again, to the same
+    actor, which Ray restarts on a node that fits, up to ACTOR_RESTARTS times a unit: a part is written whole under
+    its own name, so scoring it again replaces it, never adds to it.
+    """
     waiting = collections.deque(units)
     running: dict[Any, tuple[Any, WorkUnit]] = {}
+    lost: collections.Counter[int] = collections.Counter()
 
-    def give(actor) -> None:
-        if waiting:
+    def give(actor, unit: WorkUnit | None = None) -> None:
+        if unit is None and waiting:
             unit = waiting.popleft()
+        if unit is not None:
             running[actor.score.remote(unit, output, f"part-{unit.index:05d}.{extension}")] = (actor, unit)
 
     for actor in pool:
@@ -187,10 +194,15 @@ def _score_all(ray, pool: list[Any], units: list[WorkUnit], output: str, extensi
                 raise error.cause from None
             raise
         except ray.exceptions.RayError as error:
-            raise PredictionError(
-                f"Ray lost the scoring of {unit.describe()} ({type(error).__name__}: {str(error).splitlines()[0]}) "
-                f"after {ACTOR_RESTARTS} restarts of its actor; check the cluster's nodes (`ray status`) and score "
-                "again") from None
+            lost[unit.index] += 1
+            if lost[unit.index] > ACTOR_RESTARTS:
+                raise PredictionError(
+                    f"Ray lost the scoring of {unit.describe()} {lost[unit.index]} times "
+                    f"(last: {type(error).__name__}: {str(error).splitlines()[0]}); check the cluster's nodes "
+                    "(`ray status`) and score again") from None
+            logger.warning("predict | %s lost (%s); scoring it again", unit.describe(), type(error).__name__)
+            give(actor, unit)
+            continue
         give(actor)
     return sorted(results, key=lambda r: r.index)
 

@@ -151,3 +151,28 @@ def test_scoring_on_ray_reads_and_writes_s3(ray_cluster, species_model, s3, tmp_
                        for i in range(2)], ignore_index=True)
     _same_predictions(parts, pd.read_parquet(tmp_path / "local.parquet"))
     assert tables.read_metadata(output)["rows"] == 600
+
+
+def test_the_batch_predict_flow_scores_on_ray_through_its_parameter(ray_cluster, species_model, prefect_api, tmp_path):
+    """The `batch-predict` flow (here in this process, on the session's Prefect server) with `engine: ray` in its
+    PredictConfig parameter: the same parts and marker, and the flow run's artifact names the engine."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.batch_predict import batch_predict
+
+    source = write_csvs(tmp_path / "src", files=2, rows=200)
+    output = tmp_path / "scored.parquet"
+    state = batch_predict(PredictConfig(model=species_model, input=source, output=str(output), keep=("n",),
+                                        engine=DataEngine.RAY,
+                                        ray=RayScoring(address=ray_cluster.address, node_ip_address=RAY_IP)),
+                          return_state=True)
+    assert state.is_completed(), state
+    result = state.result()
+    assert (result.engine, result.num_rows) == ("ray", 400) and sum(result.nodes.values()) == 2
+    assert tables.read_metadata(str(output))["parts"] == [{"path": f"part-{i:05d}.parquet", "rows": 200}
+                                                           for i in range(2)]
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["batch-predict"])))
+    (artifact,) = [a for a in artifacts if a.flow_run_id == state.state_details.flow_run_id]
+    assert "**engine:** ray, parts per node:" in artifact.data and "400 rows" in artifact.data
