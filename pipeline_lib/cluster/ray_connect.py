@@ -12,7 +12,7 @@ from typing import Any
 
 from pipeline_lib.cluster.address import address_problem, split_address
 from pipeline_lib.config import RayConfig
-from pipeline_lib.core.errors import UserError
+from pipeline_lib.core.errors import TfdagError, UserError
 
 PROBE_TIMEOUT_S = 5.0
 # Ray's names for resources a task or actor requests with its own arguments; the rest are custom resources.
@@ -78,3 +78,14 @@ def resource_options(resources: Mapping[str, float]) -> dict[str, Any]:
     custom = {name: amount for name, amount in resources.items() if name not in _BUILTIN}
     return {"num_cpus": builtin.get("num_cpus", 0), "num_gpus": builtin.get("num_gpus", 0),
             "memory": builtin.get("memory"), "resources": custom or None}
+
+
+def on_this_node(error: TfdagError) -> TfdagError:
+    """`error` again, its message naming the Ray node it was raised on (in a task or an actor)."""
+    return type(error)(f"{error} (on Ray node {node_name()})")
+
+
+def task_error(error: BaseException) -> BaseException:
+    """What to raise for a Ray task's failure: tfdag's own error raised in the task (its one line), else `error`."""
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, TfdagError) else error

@@ -30,12 +30,13 @@ import pyarrow.parquet as pq
 from pipeline_lib.cluster.ray_connect import (
     connect,
     node_name,
+    on_this_node,
     ray_module,
     resource_options,
+    task_error,
 )
 from pipeline_lib.config import DataConfig, DataFormat, RayConfig
 from pipeline_lib.core import storage
-from pipeline_lib.core.errors import TfdagError
 from pipeline_lib.data.bad_records import MAX_BAD_SAMPLES
 from pipeline_lib.data.chunk_conversion import (
     ChunkWriter,
@@ -210,9 +211,7 @@ def _gather(ray, refs: dict[Any, WorkUnit]):
                 try:
                     yield ray.get(ref)
                 except ray.exceptions.RayTaskError as error:
-                    if isinstance(error.cause, TfdagError):
-                        raise error.cause from None
-                    raise
+                    raise task_error(error) from None
                 except ray.exceptions.RayError as error:
                     raise ConversionError(
                         f"Ray lost the conversion of {unit.describe()} in each of {TASK_RETRIES + 1} attempt(s) "
@@ -287,7 +286,7 @@ def label_values_of(data: DataConfig, source: ListedFile, label_type) -> set[str
     try:
         return label_values(fs, source, data, label_type)
     except ConversionError as error:
-        raise ConversionError(f"{error} (on Ray node {node_name()})") from None
+        raise on_this_node(error) from None
 
 
 def convert_unit(data: DataConfig, plan: ConversionPlan, unit: WorkUnit, num_units: int, dataset_uri: str,
@@ -310,7 +309,7 @@ def convert_unit(data: DataConfig, plan: ConversionPlan, unit: WorkUnit, num_uni
             statistics = stats.statistics.result(data.label)
         except ConversionError as error:
             writer.abort()
-            raise ConversionError(f"{error} (on Ray node {node_name()})") from None
+            raise on_this_node(error) from None
         except BaseException:
             writer.abort()
             raise

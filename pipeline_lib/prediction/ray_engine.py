@@ -24,8 +24,10 @@ from typing import Any
 from pipeline_lib.cluster.ray_connect import (
     connect,
     node_name,
+    on_this_node,
     ray_module,
     resource_options,
+    task_error,
 )
 from pipeline_lib.config import PredictConfig
 from pipeline_lib.core import storage
@@ -95,7 +97,7 @@ class ScoringActor:
             writer.commit(None)
         except PredictionError as error:
             writer.abort()
-            raise PredictionError(f"{error} (on Ray node {node_name()})") from None
+            raise on_this_node(error) from None
         except BaseException:
             writer.abort()
             raise
@@ -190,9 +192,7 @@ def _score_all(ray, pool: list[Any], units: list[WorkUnit], output: str, extensi
         try:
             results.append(ray.get(ref))
         except ray.exceptions.RayTaskError as error:
-            if isinstance(error.cause, TfdagError):
-                raise error.cause from None
-            raise
+            raise task_error(error) from None
         except ray.exceptions.RayError as error:
             lost[unit.index] += 1
             if lost[unit.index] > ACTOR_RESTARTS:

@@ -4,16 +4,11 @@ record named with its file, line and node, and a node SIGKILLed mid-conversion."
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import struct
-import threading
-import time
 
 import numpy as np
-import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -27,7 +22,7 @@ from pipeline_lib.data.errors import ConversionError
 from pipeline_lib.data.manifest import Manifest, load_manifest
 from pipeline_lib.data.statistics import load_statistics
 from tests.ray.conftest import RAY_IP
-from tests.ray.tables_support import write_csvs
+from tests.ray.tables_support import lose_the_node_mid_way, write_csvs
 from tests.stores.conftest import BUCKET
 
 
@@ -139,37 +134,16 @@ def test_a_node_killed_mid_conversion_loses_nothing(ray_cluster, tmp_path):
     source = write_csvs(tmp_path / "src", files=6, rows=6000)
     data = DataConfig(source=source, label="species", read_chunk_rows=200)
     local = convert(data, str(tmp_path / "local"))
-    group = "tfdag_convert_kill"
-    with ray_cluster.nodes_of_their_own(group, 1) as added:
-        on_ray_data = data.model_copy(update={"engine": DataEngine.RAY, "ray_resources": {"CPU": 1.0, group: 1.0}})
-        outcome: dict = {}
+    data_dir = tmp_path / "on_ray" / "data"
 
-        def run() -> None:
-            try:
-                outcome["manifest"] = convert(on_ray_data, str(tmp_path / "on_ray"),
-                                              ray=RayConfig(address=ray_cluster.address, node_ip_address=RAY_IP))
-            except BaseException as error:  # noqa: BLE001 - re-raised by the test below
-                outcome["error"] = error
+    def convert_on_ray(resources: dict[str, float]) -> Manifest:
+        return convert(data.model_copy(update={"engine": DataEngine.RAY, "ray_resources": resources}),
+                       str(tmp_path / "on_ray"), ray=RayConfig(address=ray_cluster.address, node_ip_address=RAY_IP))
 
-        thread = threading.Thread(target=run)
-        thread.start()
-        data_dir = tmp_path / "on_ray" / "data"
-        deadline = time.monotonic() + 120
-        # a unit's staging directory: a task is converting on the only node that may run one
-        while not (data_dir.exists() and any(p.startswith(".staging-") for p in os.listdir(data_dir))):
-            assert thread.is_alive() and time.monotonic() < deadline, outcome
-            time.sleep(0.02)
-        raylet = psutil.Process(ray_cluster.raylet_pid(added[0]))
-        for process in [raylet, *raylet.children(recursive=True)]:  # the node and its workers, as a lost machine
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.send_signal(signal.SIGKILL)
-        ray_cluster.forget_node(added[0])
-        added.append(ray_cluster.add_node(f"{group}_b", {group: 1}))
-        thread.join(timeout=240)
-        assert not thread.is_alive(), "the conversion did not finish after the node was lost"
-    if "error" in outcome:
-        raise outcome["error"]
-    on_ray = outcome["manifest"]
+    def converting() -> bool:  # a unit's staging directory: a task is converting on the only node that may run one
+        return data_dir.exists() and any(p.startswith(".staging-") for p in os.listdir(data_dir))
+
+    on_ray, new_node = lose_the_node_mid_way(ray_cluster, "tfdag_convert_kill", convert_on_ray, converting)
     _same_data(local, on_ray)
-    assert any(name.startswith(added[1][:12]) for name in on_ray.nodes), on_ray.nodes
+    assert any(name.startswith(new_node[:12]) for name in on_ray.nodes), on_ray.nodes
     assert sorted(os.listdir(tmp_path / "on_ray" / "data")) == [on_ray.fingerprint]  # the lost task's staging too

@@ -4,17 +4,12 @@ SIGKILLed mid-scoring whose part is scored again, not twice; input and output on
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
-import signal
-import threading
-import time
 
 import numpy as np
 import pandas as pd
-import psutil
 import pytest
 
 from pipeline_lib.config import DataEngine, PredictConfig, RayScoring, parse_config
@@ -26,7 +21,7 @@ from pipeline_lib.prediction.models import PredictionError
 from pipeline_lib.prediction.predict import predict
 from pipeline_lib.training import loop as training
 from tests.ray.conftest import RAY_IP
-from tests.ray.tables_support import write_csvs
+from tests.ray.tables_support import lose_the_node_mid_way, write_csvs
 from tests.stores.conftest import BUCKET
 
 
@@ -93,43 +88,22 @@ def test_a_node_killed_mid_scoring_has_its_part_scored_again_not_twice(ray_clust
     source = write_csvs(tmp_path / "src", files=6, rows=3000)
     local = predict(PredictConfig(model=species_model, input=source, output=str(tmp_path / "local.parquet"),
                                   keep=("n",), batch_rows=100))
-    group = "tfdag_score_kill"
     output = tmp_path / "scored.parquet"
-    with ray_cluster.nodes_of_their_own(group, 1) as added:
-        config = PredictConfig(model=species_model, input=source, output=str(output), keep=("n",), batch_rows=100,
-                               engine=DataEngine.RAY,
-                               ray=RayScoring(address=ray_cluster.address, node_ip_address=RAY_IP,
-                                              resources_per_actor={"CPU": 1.0, group: 1.0}))
-        outcome: dict = {}
 
-        def run() -> None:
-            try:
-                outcome["result"] = predict(config)
-            except BaseException as error:  # noqa: BLE001 - re-raised by the test below
-                outcome["error"] = error
+    def score(resources: dict[str, float]):
+        return predict(PredictConfig(model=species_model, input=source, output=str(output), keep=("n",),
+                                     batch_rows=100, engine=DataEngine.RAY,
+                                     ray=RayScoring(address=ray_cluster.address, node_ip_address=RAY_IP,
+                                                    resources_per_actor=resources)))
 
-        thread = threading.Thread(target=run)
-        thread.start()
-        deadline = time.monotonic() + 180
-        # a part being written: the only node the actor fits on is scoring
-        while not (output.exists() and any(name.endswith(".tmp") for name in os.listdir(output))):
-            assert thread.is_alive() and time.monotonic() < deadline, outcome
-            time.sleep(0.02)
-        raylet = psutil.Process(ray_cluster.raylet_pid(added[0]))
-        for process in [raylet, *raylet.children(recursive=True)]:  # the node and its workers, as a lost machine
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.send_signal(signal.SIGKILL)
-        ray_cluster.forget_node(added[0])
-        added.append(ray_cluster.add_node(f"{group}_b", {group: 1}))
-        thread.join(timeout=300)
-        assert not thread.is_alive(), "scoring did not finish after the node was lost"
-    if "error" in outcome:
-        raise outcome["error"]
-    result = outcome["result"]
+    def scoring() -> bool:  # a part being written: the only node the actor fits on is scoring
+        return output.exists() and any(name.endswith(".tmp") for name in os.listdir(output))
+
+    result, new_node = lose_the_node_mid_way(ray_cluster, "tfdag_score_kill", score, scoring)
     assert result.num_rows == local.num_rows == 18000
     _same_predictions(_parts(str(output)), pd.read_parquet(tmp_path / "local.parquet"))
     assert sorted(os.listdir(output)) == sorted([*(f"part-{i:05d}.parquet" for i in range(6)), tables.PARTS_MARKER])
-    assert any(name.startswith(added[1][:12]) for name in result.nodes), result.nodes
+    assert any(name.startswith(new_node[:12]) for name in result.nodes), result.nodes
 
 
 def test_scoring_on_ray_reads_and_writes_s3(ray_cluster, species_model, s3, tmp_path):
