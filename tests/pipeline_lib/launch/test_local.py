@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -226,14 +227,15 @@ def test_ctrl_c_to_the_launcher_leaves_no_orphan(tmp_path, dataset):
     """)
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     try:
-        heartbeat = os.path.join(spec.heartbeat_dir, "worker-1.json")
+        # Both workers past their first step: each has been forked, renamed and placed by then (a heartbeat is
+        # first written at start-up, before its peer need exist).
         deadline = time.monotonic() + 240
-        while not os.path.exists(heartbeat) and time.monotonic() < deadline and parent.poll() is None:
+        while not _both_stepping(spec.heartbeat_dir) and time.monotonic() < deadline and parent.poll() is None:
             time.sleep(0.2)
-        assert os.path.exists(heartbeat), "the workers never started stepping"
+        assert _both_stepping(spec.heartbeat_dir), "the workers never started stepping"
         started = psutil.Process(parent.pid).children(recursive=True)  # the workers and their fork server
         workers = [p for p in started if "pipeline_lib.launch.worker" in " ".join(p.cmdline())]
-        assert len(workers) == 2
+        assert len(workers) == 2, [p.cmdline() for p in started]
         parent.send_signal(signal.SIGINT)
         out, _ = parent.communicate(timeout=60)
     finally:
@@ -243,6 +245,18 @@ def test_ctrl_c_to_the_launcher_leaves_no_orphan(tmp_path, dataset):
     assert parent.returncode == 130 and "interrupted" in out
     _, alive = psutil.wait_procs(started, timeout=10)
     assert alive == [], f"orphans: {[(p.pid, p.cmdline()) for p in alive]}"
+
+
+def _both_stepping(heartbeat_dir: str) -> bool:
+    """Whether worker-0 and worker-1 have each written a heartbeat past step 0."""
+    for task in ("worker-0", "worker-1"):
+        try:
+            with open(os.path.join(heartbeat_dir, f"{task}.json")) as handle:
+                if json.load(handle)["step"] < 1:
+                    return False
+        except (OSError, ValueError):
+            return False
+    return True
 
 
 def test_launcher_module_does_not_import_tensorflow():
