@@ -29,6 +29,7 @@ from pipeline_lib.evaluation.consolidation import ExportResult, verify_export
 from pipeline_lib.evaluation.report import EvalReport, GateDecision
 from pipeline_lib.launch import launchers
 from pipeline_lib.planning import sharding
+from pipeline_lib.serving import validation as model_check
 from pipeline_lib.serving.validation import ModelValidation
 from pipeline_lib.tracking import lineage
 from pipeline_lib.tracking.artifacts import run_artifacts
@@ -178,14 +179,22 @@ def _run(config: PipelineConfig, progress: RunLifecycle, logger, extra_tags: dic
         (run_dir, record), run_name = earlier, earlier[1].run_name or ""
     progress.begin(run_name, run_dir, record)
     tags = run_tags(run_name, extra_tags)
-    prepared = prepare(config, progress, run_name, tags)
-    manifest, run_id = prepared.manifest, prepared.run_id
-    plan = progress.once("plan_shards", sharding.ShardPlan,
-                         lambda: stages.plan_shards(config, manifest, strategy.replicas_per_worker(config.train)))
-    # Training that stopped mid-way goes on in the same run directory, from its last verified checkpoint.
-    train_result = progress.once("train", TrainResult, lambda: stages.train(config, manifest, plan, run_dir, run_id),
-                                 record=lambda _: ({"run_dir": run_dir}, {}))
-    return finish_model(config, progress, prepared, plan, train_result, run_name, run_dir, run_id, tags, logger)
+    # The model check's fresh process imports TensorFlow and MLflow while the run trains.
+    with model_check.warmed(checks_model(config, progress)):
+        prepared = prepare(config, progress, run_name, tags)
+        manifest, run_id = prepared.manifest, prepared.run_id
+        plan = progress.once("plan_shards", sharding.ShardPlan,
+                             lambda: stages.plan_shards(config, manifest, strategy.replicas_per_worker(config.train)))
+        # Training that stopped mid-way goes on in the same run directory, from its last verified checkpoint.
+        train_result = progress.once("train", TrainResult,
+                                     lambda: stages.train(config, manifest, plan, run_dir, run_id),
+                                     record=lambda _: ({"run_dir": run_dir}, {}))
+        return finish_model(config, progress, prepared, plan, train_result, run_name, run_dir, run_id, tags, logger)
+
+
+def checks_model(config: PipelineConfig, progress: RunLifecycle) -> bool:
+    """Whether this run's model check is still to come (on, and not finished by an earlier attempt)."""
+    return config.evaluation.validate_model and not (progress.earlier and progress.earlier.finished("validate_model"))
 
 
 def finish_model(config: PipelineConfig, progress: RunLifecycle, prepared: Prepared, plan: sharding.ShardPlan,

@@ -19,12 +19,14 @@ from flows.flow_config import load_flow_config
 from flows.pipeline import (
     NOT_BLESSED_STATE,
     PipelineSummary,
+    checks_model,
     finish_model,
     prepare,
     run_tags,
 )
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.config.tune_space import tune_of
+from pipeline_lib.serving import validation as model_check
 from pipeline_lib.tracking.tracker import PARENT_TAG, STUDY_TAG, TRIAL_TAG, open_tracker
 from pipeline_lib.training import strategy
 from pipeline_lib.tuning.study import study_name
@@ -104,7 +106,7 @@ def _tune(config: PipelineConfig, progress: RunLifecycle, logger) -> TuneSummary
             **tags, "tfdag_run_name": model_run_name, PARENT_TAG: prepared.run_id,
             TRIAL_TAG: str(best.number), "tfdag.tune.trial_run_id": trial_run_id or ""})
         model_run = open_tracker(best_config).get_run(model_run_id)
-    with progress.nested_run(model_run):
+    with progress.nested_run(model_run), model_check.warmed(checks_model(best_config, progress)):
         model = finish_model(best_config, progress, prepared, plan, result.best_result, model_run_name, best.run_dir,
                              model_run.run_id if model_run else None, tags, logger)
     return TuneSummary(**summary, best_trial=best, model=model)

@@ -1,15 +1,17 @@
 """The model check's other side: load an exported model through the public loaders only, in a fresh interpreter.
 
-`serving.validation` runs this file as a script (`python -I fresh_load.py REQUEST.json`, from an empty working
-directory): it imports only numpy, pandas, TensorFlow and MLflow, and refuses any import of tfdag's own packages,
-so a model that needs tfdag to load or predict fails here. It writes one JSON result per loader: the predictions,
-or the error with its traceback's tail.
+`serving.validation` runs this file as a script from an empty working directory: `python -I fresh_load.py --wait`,
+started while the run still trains (`validation.warm_up`), imports the loaders' modules, then reads its request from
+stdin; `python -I fresh_load.py REQUEST.json` runs one at once. It imports only numpy, pandas, TensorFlow and MLflow,
+and refuses any import of tfdag's own packages, so a model that needs tfdag to load or predict fails here. It writes
+one JSON result per loader: the predictions, or the error with its traceback's tail.
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import json
+import os
 import pickle
 import sys
 import traceback
@@ -67,7 +69,8 @@ def _attempt(fn, *args) -> dict[str, Any]:
 
 
 def main(request_path: str) -> None:
-    sys.meta_path.insert(0, WithoutTfdag())
+    if not any(isinstance(finder, WithoutTfdag) for finder in sys.meta_path):
+        sys.meta_path.insert(0, WithoutTfdag())
     with open(request_path) as handle:
         request = json.load(handle)
     with open(request["inputs_path"], "rb") as handle:
@@ -80,5 +83,26 @@ def main(request_path: str) -> None:
         json.dump(results, handle)
 
 
+def wait_for_request() -> None:
+    """Started ahead of the check (`--wait`): import what the loaders need, then run the one request that stdin
+    brings as a JSON line (`{"request": PATH, "tracking_uri": ..., "environment": {...}}`), in that environment; end
+    quietly at end of input (the caller went away or had nothing to check). The tracking URI and the environment
+    come this way, not in a file: they may hold passwords."""
+    sys.meta_path.insert(0, WithoutTfdag())
+    import mlflow.pyfunc  # noqa: F401 - imported while the run still trains, not when its model is checked
+    import pandas  # noqa: F401
+    import tensorflow  # noqa: F401
+
+    line = sys.stdin.readline()
+    if not line.strip():
+        return
+    message = json.loads(line)
+    os.environ.clear()
+    os.environ.update(message["environment"])  # the caller's of now: MLflow's settings may have changed since
+    if message.get("tracking_uri"):  # where `models:/` resolves
+        os.environ["MLFLOW_TRACKING_URI"] = message["tracking_uri"]
+    main(message["request"])
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    wait_for_request() if sys.argv[1] == "--wait" else main(sys.argv[1])

@@ -3,16 +3,21 @@ columns named as a table may name them: Python keywords, spaces, punctuation, no
 names that sanitize alike): the export passes through both public loaders in a fresh process and answers under
 the table's own column names; a broken one fails naming the loader and the fix.
 
-Each `validate_model` call starts one fresh interpreter that imports TensorFlow and MLflow (~10 s on 2 busy cores):
-two calls in this file, one per verdict."""
+Each `validate_model` call runs in one fresh interpreter that imports TensorFlow and MLflow (~10 s on 2 busy cores),
+started ahead by `warm_up` as a run does, or at the call: two calls in this file, one per verdict."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import subprocess
+import sys
+import time
 
 import mlflow
 import numpy as np
+import psutil
 import pytest
 
 from pipeline_lib.config import Task, parse_config
@@ -43,13 +48,18 @@ def checked(tmp_path_factory):
     return config, made.manifest, made.export, made.logged, made.sample
 
 
-def test_the_export_loads_without_tfdag_in_a_fresh_process_and_predicts_like_the_trained_model(checked):
+def test_the_export_loads_without_tfdag_in_a_fresh_process_and_predicts_like_the_trained_model(checked, caplog):
     config, manifest, export, logged, sample = checked
+    warm = validation.warm_up()  # as a run does while it trains
 
-    result = validation.validate_model(export.saved_model_dir, export.keras_path, logged.model_uri, config.mlflow_uri,
-                                       sample, manifest.feature_schema, Task.CLASSIFICATION)
+    with caplog.at_level(logging.DEBUG, logger=validation.__name__):
+        result = validation.validate_model(export.saved_model_dir, export.keras_path, logged.model_uri,
+                                           config.mlflow_uri, sample, manifest.feature_schema, Task.CLASSIFICATION)
 
     assert result.passed, result.reason
+    assert f"model check: in fresh process {warm}, started" in caplog.text  # the warm process, taken
+    assert validation.warm_up() != warm  # and used up: the next check gets a process of its own
+    validation.discard_warm()
     assert [c.loader for c in result.checks] == [SAVED_MODEL_LOADER, PYFUNC_LOADER] and result.skipped == ()
     assert all(c.passed and c.max_abs_diff <= 1e-5 and c.labels_differ == 0 for c in result.checks)
     assert result.rows == len(sample) == manifest.num_records("eval") and result.rows_with_missing > 0  # with missing cells
@@ -62,7 +72,8 @@ def test_the_export_loads_without_tfdag_in_a_fresh_process_and_predicts_like_the
         manifest.feature_schema.feature_names) and odd_features <= set(manifest.feature_schema.feature_names)
 
 
-def test_a_broken_export_and_a_logged_model_without_its_code_fail_naming_each_loader_and_the_fix(checked, tmp_path):
+def test_a_broken_export_and_a_logged_model_without_its_code_fail_naming_each_loader_and_the_fix(checked, tmp_path,
+                                                                                                  monkeypatch, caplog):
     config, manifest, export, logged, sample = checked
     saved = str(tmp_path / "saved_model")
     shutil.copytree(export.saved_model_dir, saved)
@@ -72,8 +83,15 @@ def test_a_broken_export_and_a_logged_model_without_its_code_fail_naming_each_lo
         pyfunc = mlflow.artifacts.download_artifacts(logged.model_uri, dst_path=str(tmp_path / "pyfunc"))
     os.remove(os.path.join(pyfunc, "code", "tfdag_scoring.py"))
 
-    result = validation.validate_model(saved, export.keras_path, pyfunc, None, sample.head(8),
-                                       manifest.feature_schema, Task.CLASSIFICATION)
+    warm = validation.warm_up()
+    monkeypatch.setenv("TFDAG_MODEL_CHECK_PROBE", "1")  # after the warm-up: a process started now would see it
+
+    with caplog.at_level(logging.DEBUG, logger=validation.__name__):
+        result = validation.validate_model(saved, export.keras_path, pyfunc, None, sample.head(8),
+                                           manifest.feature_schema, Task.CLASSIFICATION)
+
+    assert "model check: in fresh process" in caplog.text and f"fresh process {warm}," not in caplog.text
+    assert not psutil.pid_exists(warm) or psutil.Process(warm).status() == psutil.STATUS_ZOMBIE
 
     assert not result.passed
     saved_check, pyfunc_check = result.checks
@@ -109,3 +127,13 @@ def test_a_difference_beyond_the_tolerance_or_a_decided_label_fails_and_a_tie_do
     regression = {"prediction": np.array([1.0, np.nan])}
     assert validation.compare(regression, {"prediction": [1.0, float("nan")]}, 1e-5) == (0.0, 0)
     assert validation.compare(regression, {"prediction": [1.0, 2.0]}, 1e-5)[0] == float("inf")
+
+
+def test_a_warm_fresh_process_ends_with_the_process_that_started_it():
+    code = "from pipeline_lib.serving import validation; print(validation.warm_up(), flush=True)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    warm = int(done.stdout.split()[-1])
+    deadline = time.monotonic() + 120  # it reads its end of input once its imports are done
+    while psutil.pid_exists(warm) and psutil.Process(warm).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"the fresh process {warm} outlived its caller"
+        time.sleep(0.5)
