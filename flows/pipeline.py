@@ -179,12 +179,13 @@ def _run(config: PipelineConfig, progress: RunLifecycle, logger, extra_tags: dic
         (run_dir, record), run_name = earlier, earlier[1].run_name or ""
     progress.begin(run_name, run_dir, record)
     tags = run_tags(run_name, extra_tags)
-    # The model check's fresh process imports TensorFlow and MLflow while the run trains.
+    prepared = prepare(config, progress, run_name, tags)
+    manifest, run_id = prepared.manifest, prepared.run_id
+    plan = progress.once("plan_shards", sharding.ShardPlan,
+                         lambda: stages.plan_shards(config, manifest, strategy.replicas_per_worker(config.train)))
+    # The model check's fresh process imports TensorFlow and MLflow while the run trains (from here, not earlier:
+    # a run that stops on its data costs no such process).
     with model_check.warmed(checks_model(config, progress)):
-        prepared = prepare(config, progress, run_name, tags)
-        manifest, run_id = prepared.manifest, prepared.run_id
-        plan = progress.once("plan_shards", sharding.ShardPlan,
-                             lambda: stages.plan_shards(config, manifest, strategy.replicas_per_worker(config.train)))
         # Training that stopped mid-way goes on in the same run directory, from its last verified checkpoint.
         train_result = progress.once("train", TrainResult,
                                      lambda: stages.train(config, manifest, plan, run_dir, run_id),
