@@ -185,7 +185,7 @@ def _run(config: PipelineConfig, progress: RunLifecycle, logger, extra_tags: dic
                          lambda: stages.plan_shards(config, manifest, strategy.replicas_per_worker(config.train)))
     # The model check's fresh process imports TensorFlow and MLflow while the run trains (from here, not earlier:
     # a run that stops on its data costs no such process).
-    with model_check.warmed(checks_model(config, progress)):
+    with model_check.warmed(checks_model(config, progress), config.mlflow_uri if run_id else None):
         # Training that stopped mid-way goes on in the same run directory, from its last verified checkpoint.
         train_result = progress.once("train", TrainResult,
                                      lambda: stages.train(config, manifest, plan, run_dir, run_id),

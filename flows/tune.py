@@ -106,7 +106,8 @@ def _tune(config: PipelineConfig, progress: RunLifecycle, logger) -> TuneSummary
             **tags, "tfdag_run_name": model_run_name, PARENT_TAG: prepared.run_id,
             TRIAL_TAG: str(best.number), "tfdag.tune.trial_run_id": trial_run_id or ""})
         model_run = open_tracker(best_config).get_run(model_run_id)
-    with progress.nested_run(model_run), model_check.warmed(checks_model(best_config, progress)):
+    tracking_uri = best_config.mlflow_uri if model_run else None
+    with progress.nested_run(model_run), model_check.warmed(checks_model(best_config, progress), tracking_uri):
         model = finish_model(best_config, progress, prepared, plan, result.best_result, model_run_name, best.run_dir,
                              model_run.run_id if model_run else None, tags, logger)
     return TuneSummary(**summary, best_trial=best, model=model)

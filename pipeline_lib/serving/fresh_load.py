@@ -9,6 +9,7 @@ one JSON result per loader: the predictions, or the error with its traceback's t
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import json
 import os
@@ -84,24 +85,31 @@ def main(request_path: str) -> None:
 
 
 def wait_for_request() -> None:
-    """Started ahead of the check (`--wait`): import what the loaders need, then run the one request that stdin
-    brings as a JSON line (`{"request": PATH, "tracking_uri": ..., "environment": {...}}`), in that environment; end
-    quietly at end of input (the caller went away or had nothing to check). The tracking URI and the environment
-    come this way, not in a file: they may hold passwords."""
+    """Started ahead of the check (`--wait`): import what the loaders need, then read JSON lines from stdin. A line
+    with `tracking_uri` alone opens that tracking store ahead (the run's, sent at the start); the line with `request`
+    (`{"request": PATH, "tracking_uri": ..., "environment": {...}}`) runs the check in that environment, and the
+    process ends as soon as its result is written (TensorFlow's and MLflow's teardown at exit is skipped: nothing of
+    it is needed). At end of input it ends quietly (the caller went away or had nothing to check). The tracking URI
+    and the environment come this way, not in a file: they may hold passwords."""
     sys.meta_path.insert(0, WithoutTfdag())
-    import mlflow.pyfunc  # noqa: F401 - imported while the run still trains, not when its model is checked
+    import mlflow.pyfunc  # imported while the run still trains, not when its model is checked
     import pandas  # noqa: F401
     import tensorflow  # noqa: F401
 
-    line = sys.stdin.readline()
-    if not line.strip():
-        return
-    message = json.loads(line)
-    os.environ.clear()
-    os.environ.update(message["environment"])  # the caller's of now: MLflow's settings may have changed since
-    if message.get("tracking_uri"):  # where `models:/` resolves
-        os.environ["MLFLOW_TRACKING_URI"] = message["tracking_uri"]
-    main(message["request"])
+    for line in iter(sys.stdin.readline, ""):
+        message = json.loads(line)
+        if "request" not in message:
+            with contextlib.suppress(Exception):  # only ahead of time: the check itself reports the store's errors
+                mlflow.MlflowClient(message["tracking_uri"]).search_experiments(max_results=1)
+            continue
+        os.environ.clear()
+        os.environ.update(message["environment"])  # the caller's of now: MLflow's settings may have changed since
+        if message.get("tracking_uri"):  # where `models:/` resolves
+            os.environ["MLFLOW_TRACKING_URI"] = message["tracking_uri"]
+        main(message["request"])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -191,7 +191,7 @@ class FreshProcess:
     and MLflow at once, then runs the one request `check` sends it. Its output goes to a temporary file, so a
     process that waits long never blocks on a full pipe; it ends at end of input, so it dies with its caller."""
 
-    def __init__(self) -> None:
+    def __init__(self, tracking_uri: str | None = None) -> None:
         self.started = time.monotonic()
         self.environment = _fresh_environment()
         self.cwd = tempfile.mkdtemp(prefix="tfdag-model-check-cwd-")
@@ -199,6 +199,9 @@ class FreshProcess:
         self.popen = subprocess.Popen([sys.executable, "-I", fresh_load.__file__, "--wait"], cwd=self.cwd,
                                       env=self.environment, stdin=subprocess.PIPE, stdout=self.output,
                                       stderr=subprocess.STDOUT, text=True)
+        if tracking_uri:  # its store opened while it waits (a database's connection and schema check)
+            self.popen.stdin.write(json.dumps({"tracking_uri": tracking_uri}) + "\n")
+            self.popen.stdin.flush()
 
     def usable(self) -> bool:
         """Still waiting, and started in the environment a process started now would get, but for MLflow's own
@@ -230,15 +233,16 @@ _warm: FreshProcess | None = None
 _warm_lock = threading.Lock()
 
 
-def warm_up() -> int:
-    """Start the model check's fresh process now, so that its TensorFlow and MLflow imports overlap the run's
-    training; the next check takes it. Returns at once (nothing is started if one waits already): its pid."""
+def warm_up(tracking_uri: str | None = None) -> int:
+    """Start the model check's fresh process now, so that its TensorFlow and MLflow imports (and the opening of
+    `tracking_uri`'s store, where the logged model will be) overlap the run's training; the next check takes it.
+    Returns at once (nothing is started if one waits already): its pid."""
     global _warm
     with _warm_lock:
         if _warm is None or not _warm.usable():
             if _warm is not None:
                 _warm.close()
-            _warm = FreshProcess()
+            _warm = FreshProcess(tracking_uri)
         return _warm.popen.pid
 
 
@@ -252,10 +256,11 @@ def discard_warm() -> None:
 
 
 @contextlib.contextmanager
-def warmed(enabled: bool) -> Iterator[None]:
-    """`warm_up` on entry when `enabled`; on exit, `discard_warm` (what no check took ends with the block)."""
+def warmed(enabled: bool, tracking_uri: str | None = None) -> Iterator[None]:
+    """`warm_up(tracking_uri)` on entry when `enabled`; on exit, `discard_warm` (what no check took ends with the
+    block)."""
     if enabled:
-        warm_up()
+        warm_up(tracking_uri)
     try:
         yield
     finally:
