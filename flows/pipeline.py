@@ -41,7 +41,7 @@ from pipeline_lib.tracking.stage_record import (
     finished_summary,
     resume_point,
 )
-from pipeline_lib.tracking.tracker import LoggedModel, ModelVersionInfo
+from pipeline_lib.tracking.tracker import LoggedModel, ModelVersionInfo, open_tracker
 from pipeline_lib.training import strategy
 from pipeline_lib.training.results import TrainResult
 from tasks import stages
@@ -186,6 +186,8 @@ def _run(config: PipelineConfig, progress: RunLifecycle, logger, extra_tags: dic
     # The model check's fresh process imports TensorFlow and MLflow while the run trains (from here, not earlier:
     # a run that stops on its data costs no such process).
     with model_check.warmed(checks_model(config, progress), config.mlflow_uri if run_id else None):
+        if run_id and config.tracking.registered_model:
+            open_tracker(config).warm_up()  # what logging the model waits for, made while the run trains
         # Training that stopped mid-way goes on in the same run directory, from its last verified checkpoint.
         train_result = progress.once("train", TrainResult,
                                      lambda: stages.train(config, manifest, plan, run_dir, run_id),

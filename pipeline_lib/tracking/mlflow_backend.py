@@ -208,6 +208,9 @@ class MlflowTracker:
     def system_metrics(self, run_id: str | None, *, is_chief: bool = True) -> contextlib.AbstractContextManager[None]:
         return sinks.system_metrics(run_id, self.uri, is_chief=is_chief)
 
+    def warm_up(self) -> None:
+        model_logging.warm_up()  # MLflow's map of installed packages, which logging a model checks first
+
     def register_model(self, logged: model_logging.LoggedModel, name: str, *,
                        tags: Mapping[str, Any] | None = None) -> model_logging.ModelVersionInfo:
         return model_logging.register_model(self.uri, logged, name, tags=tags)

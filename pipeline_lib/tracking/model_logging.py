@@ -7,6 +7,7 @@ import io
 import logging
 import os
 import tempfile
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,6 +51,21 @@ def _no_progress_bars():
     finally:
         if was_interactive:
             keras.config.enable_interactive_logging()
+
+
+def warm_up() -> None:
+    """Check `requirements()` against this environment on a background thread now, as logging the model does
+    first: MLflow maps every installed distribution to its modules once a process (a scan of their files), so the
+    `log_model` that follows finds the map made. Returns at once; a failure here is left to `log_model` to meet."""
+    def check() -> None:
+        with contextlib.suppress(Exception):
+            from mlflow.utils.requirements_utils import (
+                warn_dependency_requirement_mismatches,
+            )
+
+            warn_dependency_requirement_mismatches(requirements())
+
+    threading.Thread(target=check, name="tfdag-model-log-warm-up", daemon=True).start()
 
 
 def requirements() -> list[str]:

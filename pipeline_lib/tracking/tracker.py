@@ -115,6 +115,10 @@ class Tracker(Protocol):
     def system_metrics(self, run_id: str | None, *, is_chief: bool = True) -> AbstractContextManager[None]:
         """CPU, memory, disk, network (GPU) samples to the run while the block runs, on the chief."""
 
+    def warm_up(self) -> None:
+        """Start, in the background, what a later `TrackedRun.log_model` would wait for; return at once. Nothing is
+        required of it: logging works without it."""
+
     def register_model(self, logged: LoggedModel, name: str, *,
                        tags: Mapping[str, Any] | None = None) -> ModelVersionInfo:
         """The logged model as the next version of `name`; a run registers once: when `name` has a version from the

@@ -198,6 +198,9 @@ class MemoryTracker:
     def system_metrics(self, run_id: str | None, *, is_chief: bool = True) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
+    def warm_up(self) -> None:
+        pass
+
     def register_model(self, logged: LoggedModel, name: str, *,
                        tags: Mapping[str, Any] | None = None) -> ModelVersionInfo:
         versions = self.store.versions.setdefault(name, [])
