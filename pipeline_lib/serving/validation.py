@@ -200,8 +200,9 @@ class FreshProcess:
                                       env=self.environment, stdin=subprocess.PIPE, stdout=self.output,
                                       stderr=subprocess.STDOUT, text=True)
         if tracking_uri:  # its store opened while it waits (a database's connection and schema check)
-            self.popen.stdin.write(json.dumps({"tracking_uri": tracking_uri}) + "\n")
-            self.popen.stdin.flush()
+            with contextlib.suppress(OSError):  # a process that died at once: `check` reports it, with its output
+                self.popen.stdin.write(json.dumps({"tracking_uri": tracking_uri}) + "\n")
+                self.popen.stdin.flush()
 
     def usable(self) -> bool:
         """Still waiting, and started in the environment a process started now would get, but for MLflow's own
