@@ -1,10 +1,10 @@
 """The model check's other side: load an exported model through the public loaders only, in a fresh interpreter.
 
-`serving.validation` runs this file as a script from an empty working directory: `python -I fresh_load.py --wait`,
-started while the run still trains (`validation.warm_up`), imports the loaders' modules, then reads its request from
-stdin; `python -I fresh_load.py REQUEST.json` runs one at once. It imports only numpy, pandas, TensorFlow and MLflow,
-and refuses any import of tfdag's own packages, so a model that needs tfdag to load or predict fails here. It writes
-one JSON result per loader: the predictions, or the error with its traceback's tail.
+`serving.validation` runs this file as a script from an empty working directory: `python -I fresh_load.py`, started
+while the run still trains (`validation.warm_up`), imports the loaders' modules, then reads its request from stdin
+(`wait_for_request`). It imports only numpy, pandas, TensorFlow and MLflow, and refuses any import of tfdag's own
+packages, so a model that needs tfdag to load or predict fails here. It writes one JSON result per loader: the
+predictions, or the error with its traceback's tail.
 """
 
 from __future__ import annotations
@@ -70,8 +70,6 @@ def _attempt(fn, *args) -> dict[str, Any]:
 
 
 def main(request_path: str) -> None:
-    if not any(isinstance(finder, WithoutTfdag) for finder in sys.meta_path):
-        sys.meta_path.insert(0, WithoutTfdag())
     with open(request_path) as handle:
         request = json.load(handle)
     with open(request["inputs_path"], "rb") as handle:
@@ -85,7 +83,7 @@ def main(request_path: str) -> None:
 
 
 def wait_for_request() -> None:
-    """Started ahead of the check (`--wait`): import what the loaders need, then read JSON lines from stdin. A line
+    """Started ahead of the check: import what the loaders need, then read JSON lines from stdin. A line
     with `tracking_uri` alone opens that tracking store ahead (the run's, sent at the start); the line with `request`
     (`{"request": PATH, "tracking_uri": ..., "environment": {...}}`) runs the check in that environment, and the
     process ends as soon as its result is written (TensorFlow's and MLflow's teardown at exit is skipped: nothing of
@@ -113,4 +111,4 @@ def wait_for_request() -> None:
 
 
 if __name__ == "__main__":
-    wait_for_request() if sys.argv[1] == "--wait" else main(sys.argv[1])
+    wait_for_request()

@@ -187,7 +187,7 @@ def _changed_at_import(before: Mapping[str, str], now: Mapping[str, str]) -> lis
 
 
 class FreshProcess:
-    """`fresh_load.py --wait` in a new interpreter (`python -I`, an empty working directory): it imports TensorFlow
+    """`fresh_load.py` in a new interpreter (`python -I`, an empty working directory): it imports TensorFlow
     and MLflow at once, then runs the one request `check` sends it. Its output goes to a temporary file, so a
     process that waits long never blocks on a full pipe; it ends at end of input, so it dies with its caller."""
 
@@ -196,7 +196,7 @@ class FreshProcess:
         self.environment = _fresh_environment()
         self.cwd = tempfile.mkdtemp(prefix="tfdag-model-check-cwd-")
         self.output = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by close()
-        self.popen = subprocess.Popen([sys.executable, "-I", fresh_load.__file__, "--wait"], cwd=self.cwd,
+        self.popen = subprocess.Popen([sys.executable, "-I", fresh_load.__file__], cwd=self.cwd,
                                       env=self.environment, stdin=subprocess.PIPE, stdout=self.output,
                                       stderr=subprocess.STDOUT, text=True)
         if tracking_uri:  # its store opened while it waits (a database's connection and schema check)
