@@ -186,13 +186,18 @@ def _run(config: PipelineConfig, progress: RunLifecycle, logger, extra_tags: dic
     # The model check's fresh process imports TensorFlow and MLflow while the run trains (from here, not earlier:
     # a run that stops on its data costs no such process).
     with model_check.warmed(checks_model(config, progress), config.mlflow_uri if run_id else None):
-        if run_id and config.tracking.registered_model:
+        if logs_model(config, run_id):
             open_tracker(config).warm_up()  # what logging the model waits for, made while the run trains
         # Training that stopped mid-way goes on in the same run directory, from its last verified checkpoint.
         train_result = progress.once("train", TrainResult,
                                      lambda: stages.train(config, manifest, plan, run_dir, run_id),
                                      record=lambda _: ({"run_dir": run_dir}, {}))
         return finish_model(config, progress, prepared, plan, train_result, run_name, run_dir, run_id, tags, logger)
+
+
+def logs_model(config: PipelineConfig, run_id: str | None) -> bool:
+    """Whether the run logs its model to MLflow (`log_model`): it is tracked and names a registered model."""
+    return bool(run_id and config.tracking.registered_model)
 
 
 def checks_model(config: PipelineConfig, progress: RunLifecycle) -> bool:
@@ -221,7 +226,7 @@ def finish_model(config: PipelineConfig, progress: RunLifecycle, prepared: Prepa
         champion = progress.once("evaluate_champion", ChampionResult, lambda: _champion(config, manifest),
                                  verify=lambda _: gate_decided)
     logged = validation = None
-    if run_id and config.tracking.registered_model:
+    if logs_model(config, run_id):
         # Logged, not registered: track registers it if the gate and the check allow.
         logged = progress.once("log_model", LoggedModel,
                                lambda: stages.log_model(config, run_id, export, manifest, report.metrics),

@@ -279,7 +279,7 @@ def _take_process() -> FreshProcess:
         return taken
     if taken is not None:
         logger.debug("model check: the warm process is not used (%s)", "ended" if taken.popen.poll() is not None
-                     else f"changed: {_changed_at_import(taken.environment, _fresh_environment())}")
+                     else "the environment changed since it started")
         taken.close()
     process = FreshProcess()
     logger.debug("model check: in fresh process %d, started now", process.popen.pid)
