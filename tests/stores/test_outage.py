@@ -26,9 +26,9 @@ from tests.stores.conftest import _clear_fs_caches
 
 pytestmark = pytest.mark.slow
 
-# s3fs fails fast here (one attempt per request, below), so the conversion attempt in flight fails and the outage
-# ends before the stage's last retry (retries=2, 2 s apart) starts. gcsfs and the Azure SDK retry a refused
-# connection themselves, with backoff, for longer than this.
+# gcsfs and the Azure SDK retry a refused connection themselves, with backoff, for longer than this: the server comes
+# back after OUTAGE_S while their upload waits. s3fs fails fast here (one attempt per request, below): the server comes
+# back as soon as the attempt in flight has failed, so the stage's retry (whenever the load lets it start) finds it up.
 OUTAGE_S = 3.0
 FAIL_AT_SHARD_PUT = 3
 
@@ -45,6 +45,7 @@ class Outage:
         self.stopped_at = self.restarted_at = None
         self.done = threading.Event()
         self._lock = threading.Lock()
+        self._restart = threading.Lock()
 
     def hook(self, original):
         outage = self
@@ -68,9 +69,16 @@ class Outage:
 
     def _end(self) -> None:
         time.sleep(OUTAGE_S)
-        self.store.start()
-        self.restarted_at = time.monotonic()
-        self.done.set()
+        self.end()
+
+    def end(self) -> None:
+        """Restarts the server (once; a second call waits for the first)."""
+        with self._restart:
+            if self.done.is_set() or self.stopped_at is None:
+                return
+            self.store.start()
+            self.restarted_at = time.monotonic()
+            self.done.set()
 
 
 def test_conversion_retries_through_an_outage_and_publishes_a_complete_set(store, prefect_api, monkeypatch):
@@ -93,6 +101,8 @@ def test_conversion_retries_through_an_outage_and_publishes_a_complete_set(store
             return convert(*args, **kwargs)
         except BaseException as error:
             failures.append(error)
+            if not store.client_rides_out_outages:
+                outage.end()
             raise
 
     monkeypatch.setattr(stages, "convert", counting_convert)
