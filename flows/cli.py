@@ -74,6 +74,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK if summary.blessed else EXIT_NOT_BLESSED
 
 
+def _start_model_check(args: argparse.Namespace) -> None:
+    """`tfdag run`: when the run will check its model, the check's fresh process starts now, before this process
+    imports TensorFlow, so that the two imports overlap (the flow's `fresh_process.warmed` block takes it). A config
+    that does not load, or a run that cannot resume, starts nothing: `cmd_run` reports why."""
+    from flows.flow_config import DEFAULT_CONFIG
+    from pipeline_lib.config import load_config
+    from pipeline_lib.serving import fresh_process
+    from pipeline_lib.tracking.stage_record import model_check_due, resume_point
+
+    try:
+        config = load_config(args.config or DEFAULT_CONFIG)
+        earlier = resume_point(config, args.resume)[1] if args.resume else None
+    except Exception:  # noqa: BLE001 - only ahead of time: cmd_run loads the config again and reports its error
+        return
+    if model_check_due(config, earlier):
+        fresh_process.warm_up(config.mlflow_uri if config.tracking.enabled else None)
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from flows.stage_inputs import load
     from pipeline_lib.config.tune_space import tune_of
@@ -320,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
 
         # Before anything imports Prefect: its settings are read at import.
         args.prefect_api = choose_prefect_api()
+    if args.command == "run":
+        _start_model_check(args)
     if args.command != "stack":  # every other command loads TensorFlow: load it now, its start-up lines held back
         from pipeline_lib.core.quiet import import_tensorflow
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pipeline_lib.config import ConfigError, PipelineConfig, resolve_config
@@ -11,6 +12,8 @@ from tasks import secrets as prefect_secrets
 # Imported above, tasks.secrets makes `${prefect-secret:NAME}` references (Prefect Secret blocks) resolvable in a
 # flow's process; the launchers hand the values on to the worker processes (PipelineConfig.for_process).
 PREFECT_SECRET_SCHEME = prefect_secrets.SCHEME
+# The config of every flow and command given none: the bundled demo.
+DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "examples" / "digits.yaml")
 
 
 def refuse_recorded_secrets(found: list[str], parameter: str, masked_parameters: dict[str, Any]) -> None:

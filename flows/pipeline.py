@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-from pathlib import Path
 from typing import Any
 
 from pipeline_lib.core.quiet import import_tensorflow
@@ -18,7 +17,7 @@ from prefect import flow, get_run_logger, runtime
 from prefect.states import Completed, State
 from pydantic import BaseModel, ConfigDict
 
-from flows.flow_config import load_flow_config
+from flows.flow_config import DEFAULT_CONFIG, load_flow_config
 from pipeline_lib.cluster.report import ClusterReport
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.core import runs, storage
@@ -29,7 +28,7 @@ from pipeline_lib.evaluation.consolidation import ExportResult, verify_export
 from pipeline_lib.evaluation.report import EvalReport, GateDecision
 from pipeline_lib.launch import launchers
 from pipeline_lib.planning import sharding
-from pipeline_lib.serving import validation as model_check
+from pipeline_lib.serving import fresh_process as model_check
 from pipeline_lib.serving.validation import ModelValidation
 from pipeline_lib.tracking import lineage
 from pipeline_lib.tracking.artifacts import run_artifacts
@@ -39,6 +38,7 @@ from pipeline_lib.tracking.stage_record import (
     files_digest,
     find_run_of_flow_run,
     finished_summary,
+    model_check_due,
     resume_point,
 )
 from pipeline_lib.tracking.tracker import LoggedModel, ModelVersionInfo, open_tracker
@@ -48,7 +48,6 @@ from tasks import stages
 from tasks.lifecycle import RunLifecycle, tracked_run
 from tasks.retrain import evaluate_champion, find_champion
 
-DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "examples" / "digits.yaml")
 # The name of the Completed state of a pipeline run whose model the gate did not bless.
 NOT_BLESSED_STATE = "Not blessed"
 
@@ -202,7 +201,7 @@ def logs_model(config: PipelineConfig, run_id: str | None) -> bool:
 
 def checks_model(config: PipelineConfig, progress: RunLifecycle) -> bool:
     """Whether this run's model check is still to come (on, and not finished by an earlier attempt)."""
-    return config.evaluation.validate_model and not (progress.earlier and progress.earlier.finished("validate_model"))
+    return model_check_due(config, progress.earlier)
 
 
 def finish_model(config: PipelineConfig, progress: RunLifecycle, prepared: Prepared, plan: sharding.ShardPlan,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tasks.secrets  # noqa: F401 - registers `${prefect-secret:NAME}`: the stage commands resolve block references too
+from flows.flow_config import DEFAULT_CONFIG
 from pipeline_lib.config import PipelineConfig, load_config
 from pipeline_lib.data import demo as demo_data
 from pipeline_lib.data.convert import convert
@@ -15,8 +16,6 @@ from pipeline_lib.training import strategy
 
 def default_config() -> str:
     """The bundled examples/digits.yaml, which every command reads when given no config."""
-    from flows.pipeline import DEFAULT_CONFIG
-
     return DEFAULT_CONFIG
 
 

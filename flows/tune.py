@@ -26,7 +26,7 @@ from flows.pipeline import (
 )
 from pipeline_lib.config import PipelineConfig
 from pipeline_lib.config.tune_space import tune_of
-from pipeline_lib.serving import validation as model_check
+from pipeline_lib.serving import fresh_process as model_check
 from pipeline_lib.tracking.tracker import PARENT_TAG, STUDY_TAG, TRIAL_TAG, open_tracker
 from pipeline_lib.training import strategy
 from pipeline_lib.tuning.study import study_name

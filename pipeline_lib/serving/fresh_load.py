@@ -1,7 +1,7 @@
 """The model check's other side: load an exported model through the public loaders only, in a fresh interpreter.
 
 `serving.validation` runs this file as a script from an empty working directory: `python -I fresh_load.py`, started
-while the run still trains (`validation.warm_up`), imports the loaders' modules, then reads its request from stdin
+while the run still trains (`fresh_process.warm_up`), imports the loaders' modules, then reads its request from stdin
 (`wait_for_request`). It imports only numpy, pandas, TensorFlow and MLflow, and refuses any import of tfdag's own
 packages, so a model that needs tfdag to load or predict fails here. It writes one JSON result per loader: the
 predictions, or the error with its traceback's tail.

@@ -17,13 +17,9 @@ import logging
 import math
 import os
 import pickle
-import shutil
-import subprocess
-import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -36,7 +32,7 @@ from pipeline_lib.config import Task
 from pipeline_lib.core import storage
 from pipeline_lib.core.secrets import mask_url_passwords
 from pipeline_lib.data.manifest import Schema
-from pipeline_lib.serving import fresh_load, tfdag_scoring
+from pipeline_lib.serving import fresh_load, fresh_process, tfdag_scoring
 from pipeline_lib.serving.signatures import (
     input_names,
     label_values,
@@ -174,118 +170,6 @@ def _local_copy(uri: str, storage_options: Mapping[str, Any] | None, stack: cont
     return local
 
 
-def _fresh_environment() -> dict[str, str]:
-    environment = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "PYTHONPATH")}
-    environment.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="-1")
-    return environment
-
-
-def _changed_at_import(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
-    """The variables that differ between two environments, but for MLflow's own (`MLFLOW_*`, `_MLFLOW_*`)."""
-    return sorted(name for name in set(before) | set(now) if before.get(name) != now.get(name)
-                  and not name.lstrip("_").startswith("MLFLOW_"))
-
-
-class FreshProcess:
-    """`fresh_load.py` in a new interpreter (`python -I`, an empty working directory): it imports TensorFlow
-    and MLflow at once, then runs the one request `check` sends it. Its output goes to a temporary file, so a
-    process that waits long never blocks on a full pipe; it ends at end of input, so it dies with its caller."""
-
-    def __init__(self, tracking_uri: str | None = None) -> None:
-        self.started = time.monotonic()
-        self.environment = _fresh_environment()
-        self.cwd = tempfile.mkdtemp(prefix="tfdag-model-check-cwd-")
-        self.output = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by close()
-        self.popen = subprocess.Popen([sys.executable, "-I", fresh_load.__file__], cwd=self.cwd,
-                                      env=self.environment, stdin=subprocess.PIPE, stdout=self.output,
-                                      stderr=subprocess.STDOUT, text=True)
-        if tracking_uri:  # its store opened while it waits (a database's connection and schema check)
-            with contextlib.suppress(OSError):  # a process that died at once: `check` reports it, with its output
-                self.popen.stdin.write(json.dumps({"tracking_uri": tracking_uri}) + "\n")
-                self.popen.stdin.flush()
-
-    def usable(self) -> bool:
-        """Still waiting, and started in the environment a process started now would get, but for MLflow's own
-        variables (a run sets its HTTP retries once the process waits; MLflow reads them when used): `check`
-        sends the environment of now with the request."""
-        return self.popen.poll() is None and not _changed_at_import(self.environment, _fresh_environment())
-
-    def check(self, request_path: str, tracking_uri: str | None, timeout_s: float) -> str:
-        """Send the request and wait for the process to end; its output (for an error's tail)."""
-        try:
-            message = {"request": request_path, "tracking_uri": tracking_uri, "environment": _fresh_environment()}
-            self.popen.communicate(json.dumps(message) + "\n", timeout=timeout_s)
-            self.output.seek(0)
-            return f"exit {self.popen.returncode}: {self.output.read().strip()[-1500:]}"
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"the fresh process ran past {timeout_s:g} s") from None
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait()
-        self.output.close()
-        shutil.rmtree(self.cwd, ignore_errors=True)
-
-
-_warm: FreshProcess | None = None
-_warm_lock = threading.Lock()
-
-
-def warm_up(tracking_uri: str | None = None) -> int:
-    """Start the model check's fresh process now, so that its TensorFlow and MLflow imports (and the opening of
-    `tracking_uri`'s store, where the logged model will be) overlap the run's training; the next check takes it.
-    Returns at once (nothing is started if one waits already): its pid."""
-    global _warm
-    with _warm_lock:
-        if _warm is None or not _warm.usable():
-            if _warm is not None:
-                _warm.close()
-            _warm = FreshProcess(tracking_uri)
-        return _warm.popen.pid
-
-
-def discard_warm() -> None:
-    """End a fresh process started by `warm_up` that no check took (the run failed or stopped before its check)."""
-    global _warm
-    with _warm_lock:
-        if _warm is not None:
-            _warm.close()
-            _warm = None
-
-
-@contextlib.contextmanager
-def warmed(enabled: bool, tracking_uri: str | None = None) -> Iterator[None]:
-    """`warm_up(tracking_uri)` on entry when `enabled`; on exit, `discard_warm` (what no check took ends with the
-    block)."""
-    if enabled:
-        warm_up(tracking_uri)
-    try:
-        yield
-    finally:
-        discard_warm()
-
-
-def _take_process() -> FreshProcess:
-    """The warm process when it can serve this check, else a new one."""
-    global _warm
-    with _warm_lock:
-        taken, _warm = _warm, None
-    if taken is not None and taken.usable():
-        logger.debug("model check: in fresh process %d, started %.1f s ago", taken.popen.pid,
-                     time.monotonic() - taken.started)
-        return taken
-    if taken is not None:
-        logger.debug("model check: the warm process is not used (%s)", "ended" if taken.popen.poll() is not None
-                     else "the environment changed since it started")
-        taken.close()
-    process = FreshProcess()
-    logger.debug("model check: in fresh process %d, started now", process.popen.pid)
-    return process
-
-
 def run_fresh_process(saved_model_dir: str, model_uri: str | None, tracking_uri: str | None,
                       frame: pd.DataFrame, tensors: Mapping[str, np.ndarray], probability_columns: Sequence[str],
                       timeout_s: float) -> dict[str, dict[str, Any]]:
@@ -303,7 +187,7 @@ def run_fresh_process(saved_model_dir: str, model_uri: str | None, tracking_uri:
             pickle.dump({"frame": frame, "tensors": dict(tensors)}, handle)
         with open(os.path.join(work, "request.json"), "w") as handle:
             json.dump(request, handle)
-        output = _take_process().check(os.path.join(work, "request.json"), tracking_uri, timeout_s)
+        output = fresh_process.take_process().check(os.path.join(work, "request.json"), tracking_uri, timeout_s)
         if not os.path.exists(request["output_path"]):
             raise RuntimeError(f"the fresh process ended without a result: {output}")
         with open(request["output_path"]) as handle:

@@ -187,6 +187,13 @@ def resume_point(config: PipelineConfig, name: str = LATEST) -> tuple[str, Stage
     return run_dir, record
 
 
+def model_check_due(config: PipelineConfig, earlier: StageRecord | None) -> bool:
+    """Whether a run's model check is still to come: it is on, and no earlier attempt of the run (`earlier`, when
+    resuming) finished the check or the whole run."""
+    return config.evaluation.validate_model and not (
+        earlier is not None and (earlier.summary is not None or earlier.finished("validate_model") is not None))
+
+
 def _still_running(record: StageRecord) -> ResumeError:
     return ResumeError(f"--resume {record.run_name}: that run is still running (process {record.pid} on this host); "
                        "wait for it to end, or stop it, then resume")

@@ -8,6 +8,7 @@ started ahead by `warm_up` as a run does, or at the call: two calls in this file
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -21,7 +22,7 @@ import psutil
 import pytest
 
 from pipeline_lib.config import Task, parse_config
-from pipeline_lib.serving import validation
+from pipeline_lib.serving import fresh_process, validation
 from pipeline_lib.serving.tfdag_scoring import read_serving_spec
 from pipeline_lib.serving.validation import PYFUNC_LOADER, SAVED_MODEL_LOADER
 from pipeline_lib.testing.export_faults import break_export
@@ -50,16 +51,16 @@ def checked(tmp_path_factory):
 
 def test_the_export_loads_without_tfdag_in_a_fresh_process_and_predicts_like_the_trained_model(checked, caplog):
     config, manifest, export, logged, sample = checked
-    warm = validation.warm_up()  # as a run does while it trains
+    warm = fresh_process.warm_up()  # as a run does while it trains
 
-    with caplog.at_level(logging.DEBUG, logger=validation.__name__):
+    with caplog.at_level(logging.DEBUG, logger=fresh_process.__name__):
         result = validation.validate_model(export.saved_model_dir, export.keras_path, logged.model_uri,
                                            config.mlflow_uri, sample, manifest.feature_schema, Task.CLASSIFICATION)
 
     assert result.passed, result.reason
     assert f"model check: in fresh process {warm}, started" in caplog.text  # the warm process, taken
-    assert validation.warm_up() != warm  # and used up: the next check gets a process of its own
-    validation.discard_warm()
+    assert fresh_process.warm_up() != warm  # and used up: the next check gets a process of its own
+    fresh_process.discard_warm()
     assert [c.loader for c in result.checks] == [SAVED_MODEL_LOADER, PYFUNC_LOADER] and result.skipped == ()
     assert all(c.passed and c.max_abs_diff <= 1e-5 and c.labels_differ == 0 for c in result.checks)
     assert result.rows == len(sample) == manifest.num_records("eval") and result.rows_with_missing > 0  # with missing cells
@@ -83,10 +84,10 @@ def test_a_broken_export_and_a_logged_model_without_its_code_fail_naming_each_lo
         pyfunc = mlflow.artifacts.download_artifacts(logged.model_uri, dst_path=str(tmp_path / "pyfunc"))
     os.remove(os.path.join(pyfunc, "code", "tfdag_scoring.py"))
 
-    warm = validation.warm_up()
+    warm = fresh_process.warm_up()
     monkeypatch.setenv("TFDAG_MODEL_CHECK_PROBE", "1")  # after the warm-up: a process started now would see it
 
-    with caplog.at_level(logging.DEBUG, logger=validation.__name__):
+    with caplog.at_level(logging.DEBUG, logger=fresh_process.__name__):
         result = validation.validate_model(saved, export.keras_path, pyfunc, None, sample.head(8),
                                            manifest.feature_schema, Task.CLASSIFICATION)
 
@@ -129,10 +130,30 @@ def test_a_difference_beyond_the_tolerance_or_a_decided_label_fails_and_a_tie_do
     assert validation.compare(regression, {"prediction": [1.0, 2.0]}, 1e-5)[0] == float("inf")
 
 
-def test_a_warm_fresh_process_ends_with_the_process_that_started_it():
-    code = "from pipeline_lib.serving import validation; print(validation.warm_up(), flush=True)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
-    warm = int(done.stdout.split()[-1])
+# What `tfdag run` does: the fresh process starts, then the caller imports TensorFlow, MLflow and pandas.
+_START_THEN_IMPORT = """
+import json, os
+from pipeline_lib.serving import fresh_process
+started = dict(os.environ)
+pid = fresh_process.warm_up()
+import mlflow.pyfunc, pandas, tensorflow
+set_by_imports = sorted(k for k in os.environ if started.get(k) != os.environ[k])
+print(json.dumps({"pid": pid, "set_by_imports": set_by_imports, "unusable": fresh_process._warm.unusable()}))
+"""
+
+
+def test_a_warm_fresh_process_outlasts_its_callers_imports_and_ends_with_its_caller():
+    done = subprocess.run([sys.executable, "-c", _START_THEN_IMPORT], capture_output=True, text=True, timeout=300,
+                          check=True)
+    found = json.loads(done.stdout.splitlines()[-1])
+    # The caller's imports set what the process's own imports set too: the process still serves its check.
+    assert found["unusable"] is None, found
+    assert {k for k in found["set_by_imports"] if not k.lstrip("_").startswith("MLFLOW_")} <= (
+        fresh_process.SET_BY_IMPORTS), "SET_BY_IMPORTS misses what these versions' imports set"
+    # A variable the caller sets (or changes) after the start is a reason not to use it.
+    assert fresh_process._changed_at_import({"A": "1"}, {"A": "2", "TF2_BEHAVIOR": "1", "MLFLOW_X": "1"}) == ["A"]
+    assert fresh_process._changed_at_import({"TF2_BEHAVIOR": "0"}, {"TF2_BEHAVIOR": "1"}) == ["TF2_BEHAVIOR"]
+    warm = found["pid"]
     deadline = time.monotonic() + 120  # it reads its end of input once its imports are done
     while psutil.pid_exists(warm) and psutil.Process(warm).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, f"the fresh process {warm} outlived its caller"
