@@ -44,6 +44,15 @@ exit codes: 0 success, 1 failure, 2 bad input (one line names the value and the 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from pipeline_lib.serving import fresh_process
+
+    try:
+        return _run_pipeline(args)
+    finally:
+        fresh_process.discard_warm()  # the check's process `_start_model_check` started, when no check took it
+
+
+def _run_pipeline(args: argparse.Namespace) -> int:
     from flows.stage_inputs import default_config, load
     from pipeline_lib.core.exit_codes import EXIT_NOT_BLESSED, EXIT_OK
     from pipeline_lib.launch.inputs import check_inputs

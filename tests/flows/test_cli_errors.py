@@ -166,9 +166,13 @@ def test_a_bad_record_fails_in_the_flow_as_one_line_without_prefect_tracebacks(t
     cells[3] = "abc"
     lines[5] = ",".join(cells)
     raw.write_text("\n".join(lines) + "\n")
-    out = _run(tmp_path, config, env={"PREFECT_API_URL": prefect_api})
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    out = _run(tmp_path, config, env={"PREFECT_API_URL": prefect_api, "TMPDIR": str(scratch)})
     last = _assert_one_line_user_error(out, str(raw))
     assert "on_bad_record" in last, last
+    # The model check's process, started before the run's imports, ended with the run that failed before its check.
+    assert not list(scratch.glob("tfdag-model-check-*")), list(scratch.iterdir())
 
 
 @pytest.mark.slow
