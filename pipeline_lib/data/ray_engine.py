@@ -71,6 +71,9 @@ logger = logging.getLogger(__name__)
 
 ENGINE = "ray"
 TASK_RETRIES = 3  # a task whose worker or node dies is run again this many times (Ray's max_retries)
+# How long a failed conversion waits for the tasks it cancelled to end (Ray cancels asynchronously: a task still
+# running may place a shard after the cancel returns) before it removes what they wrote.
+CANCELLED_WAIT_S = 60.0
 # A Parquet file is split into units of consecutive row groups holding at least this much (uncompressed) each.
 UNIT_BYTES = 64 << 20
 
@@ -173,14 +176,16 @@ def convert_on_ray(data: DataConfig, plan: ConversionPlan, fs, files: Sequence[L
     task = ray.remote(convert_unit).options(**options)
     refs = {task.remote(data, plan, unit, len(units), out.uri, out_options, source.sha256[:16]): unit
             for unit in units}
+    gathered = _gather(ray, refs)
     try:
         results = []
-        for result in _gather(ray, refs):
+        for result in gathered:
             results.append(result)
             meter.chunk_done(sum(result.num_rows.values()) + result.num_bad, None, 0)
             meter.file_done(units[result.index].num_bytes)
         manifest = _publish(data, plan, source, out, sorted(results, key=lambda r: r.index))
     except BaseException:
+        gathered.close()  # the tasks it cancelled have ended: none writes after the removal below
         if out.fs.exists(out.path):  # what the tasks wrote is no dataset without its manifest
             out.fs.rm(out.path, recursive=True)
         raise
@@ -201,7 +206,8 @@ def _remove_staging(out: Destination, fingerprint: str) -> None:
 
 
 def _gather(ray, refs: dict[Any, WorkUnit]):
-    """Each task's result as it finishes; the first failure cancels the rest and is raised (its cause, for ours)."""
+    """Each task's result as it finishes; the first failure cancels the rest, waits until they have ended (so that
+    none writes after the caller cleans up), and is raised (its cause, for ours)."""
     pending = dict(refs)
     try:
         while pending:
@@ -220,6 +226,11 @@ def _gather(ray, refs: dict[Any, WorkUnit]):
     finally:
         for ref in pending:
             ray.cancel(ref, force=True)
+        if pending:
+            _, running = ray.wait(list(pending), num_returns=len(pending), timeout=CANCELLED_WAIT_S)
+            if running:
+                logger.warning("convert | %d cancelled Ray task(s) still running after %g s: what they write later "
+                               "is left at the dataset's path, without a manifest", len(running), CANCELLED_WAIT_S)
 
 
 def _publish(data: DataConfig, plan: ConversionPlan, source: SourceFingerprint, out: Destination,
