@@ -98,7 +98,7 @@ def _start_model_check(args: argparse.Namespace) -> None:
     except Exception:  # noqa: BLE001 - only ahead of time: cmd_run loads the config again and reports its error
         return
     if model_check_due(config, earlier):
-        fresh_process.warm_up(config.mlflow_uri if config.tracking.enabled else None)
+        fresh_process.warm_up()  # the store not yet: the run may still have to create it (the flow's warm-up opens it)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:

@@ -58,10 +58,19 @@ class FreshProcess:
         self.popen = subprocess.Popen([sys.executable, "-I", fresh_load.__file__], cwd=self.cwd,
                                       env=self.environment, stdin=subprocess.PIPE, stdout=self.output,
                                       stderr=subprocess.STDOUT, text=True)
-        if tracking_uri:  # its store opened while it waits (a database's connection and schema check)
-            with contextlib.suppress(OSError):  # a process that died at once: `check` reports it, with its output
-                self.popen.stdin.write(json.dumps({"tracking_uri": tracking_uri}) + "\n")
-                self.popen.stdin.flush()
+        self.store_opened = False
+        self.open_store(tracking_uri)
+
+    def open_store(self, tracking_uri: str | None) -> None:
+        """Have the process open `tracking_uri`'s store while it waits (a database's connection and schema check),
+        once. Only a store that exists: a run makes a new database's schema, and two processes making it at once
+        collide ("table ... already exists")."""
+        if not tracking_uri or self.store_opened:
+            return
+        self.store_opened = True
+        with contextlib.suppress(OSError):  # a process that died at once: `check` reports it, with its output
+            self.popen.stdin.write(json.dumps({"tracking_uri": tracking_uri}) + "\n")
+            self.popen.stdin.flush()
 
     def unusable(self) -> str | None:
         """Why this process cannot serve a check now, or None: it must still wait, started in the environment a
@@ -99,7 +108,8 @@ _warm_lock = threading.Lock()
 def warm_up(tracking_uri: str | None = None) -> int:
     """Start the model check's fresh process now, so that its TensorFlow and MLflow imports (and the opening of
     `tracking_uri`'s store, where the logged model will be) overlap the run's training; the next check takes it.
-    Returns at once (nothing is started if one waits already): its pid."""
+    Returns at once (nothing is started if one waits already: that one opens `tracking_uri`'s store, if it had not):
+    its pid."""
     global _warm
     with _warm_lock:
         why = _warm.unusable() if _warm is not None else "none waits"
@@ -108,6 +118,8 @@ def warm_up(tracking_uri: str | None = None) -> int:
                 logger.debug("model check: the waiting process %d is replaced: %s", _warm.popen.pid, why)
                 _warm.close()
             _warm = FreshProcess(tracking_uri)
+        else:
+            _warm.open_store(tracking_uri)
         return _warm.popen.pid
 
 
