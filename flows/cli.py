@@ -54,20 +54,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_pipeline(args: argparse.Namespace) -> int:
     from flows.stage_inputs import default_config, load
+    from pipeline_lib.core import startup
     from pipeline_lib.core.exit_codes import EXIT_NOT_BLESSED, EXIT_OK
     from pipeline_lib.launch.inputs import check_inputs
 
     # The flow gets the file's path, not its content: a Prefect parameter is stored by the server, and a
     # config may carry storage options. Loading and checking it here first rejects bad input before Prefect starts.
-    path = args.config or default_config()
-    config = load(path)
-    check_inputs(config)
-    if args.resume:  # no such run, or a changed config: refused before Prefect starts
-        from pipeline_lib.tracking.stage_record import resume_point
+    with startup.imports():
+        path = args.config or default_config()
+        config = load(path)
+        check_inputs(config)
+        if args.resume:  # no such run, or a changed config: refused before Prefect starts
+            from pipeline_lib.tracking.stage_record import resume_point
 
-        resume_point(config, args.resume)
-    from flows.pipeline import training_pipeline
-    from flows.prefect_api import api_from_profile, choose_prefect_api
+            resume_point(config, args.resume)
+        from flows.pipeline import training_pipeline
+        from flows.prefect_api import api_from_profile, choose_prefect_api
 
     chosen = getattr(args, "prefect_api", None) or choose_prefect_api()  # main() chose it before Prefect's import
     print(f"tfdag | Prefect: {api_from_profile(chosen).describe()}", flush=True)
@@ -111,7 +113,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     tune_of(config)  # refused in one line (exit 2) before Prefect starts
     check_inputs(config)  # the launcher, the model factory, TF_CONFIG and storage, before Prefect starts
     from flows.prefect_api import api_from_profile
-    from flows.tune import tune_pipeline
+    from pipeline_lib.core import startup
+
+    with startup.imports():
+        from flows.tune import tune_pipeline
 
     print(f"tfdag | Prefect: {api_from_profile(args.prefect_api).describe()}", flush=True)
     _hide_user_error_tracebacks(args.verbose)
@@ -329,16 +334,9 @@ def _drop_routine_state_lines(record: logging.LogRecord) -> bool:
     return not (record.name.startswith("prefect.") and record.getMessage() == "Finished in state Completed()")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    # Prefect's anonymous telemetry is off: nothing leaves the machine.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    if args.verbose:
-        os.environ["TFDAG_VERBOSE"] = "1"  # workers inherit it
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from pipeline_lib.core.exit_codes import run_to_exit_code
+def _start_up(args: argparse.Namespace) -> None:
+    """Before the command runs: loggers quieted, Prefect's API chosen, the model check's process started ahead,
+    TensorFlow imported (its start-up lines held back)."""
     from pipeline_lib.core.quiet import quiet_python_loggers
 
     quiet_python_loggers()
@@ -349,10 +347,26 @@ def main(argv: list[str] | None = None) -> int:
         args.prefect_api = choose_prefect_api()
     if args.command == "run":
         _start_model_check(args)
-    if args.command != "stack":  # every other command loads TensorFlow: load it now, its start-up lines held back
+    if args.command != "stack":  # every other command loads TensorFlow
         from pipeline_lib.core.quiet import import_tensorflow
 
         import_tensorflow()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # Prefect's anonymous telemetry is off: nothing leaves the machine.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if args.verbose:
+        os.environ["TFDAG_VERBOSE"] = "1"  # workers inherit it
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from pipeline_lib.core import startup
+    from pipeline_lib.core.exit_codes import run_to_exit_code
+
+    with startup.imports():
+        _start_up(args)
     if not args.verbose:
         for handler in logging.getLogger().handlers:
             handler.addFilter(_drop_routine_state_lines)

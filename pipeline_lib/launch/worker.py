@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import gc
 import logging
 import os
 import signal
@@ -39,7 +38,7 @@ import_tensorflow()  # first, its start-up lines held back unless TFDAG_VERBOSE=
 from pipeline_lib.cluster.info import ClusterInfo, cluster_from_env
 from pipeline_lib.cluster.preflight import run_preflight
 from pipeline_lib.config import PipelineConfig
-from pipeline_lib.core import storage
+from pipeline_lib.core import startup, storage
 from pipeline_lib.core.exit_codes import run_to_exit_code
 from pipeline_lib.core.quiet import is_verbose, quiet_python_loggers
 from pipeline_lib.data.manifest import load_manifest
@@ -292,7 +291,7 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     # What the imports made, out of the garbage collector's reach before training: otherwise each full collection
     # walks those hundreds of thousands of objects again. A worker forked from the fork server inherits them frozen
     # already; one the Ray launcher starts in a fresh interpreter freezes them here.
-    gc.freeze()
+    startup.settle()
     return exit_code(lambda: run_worker(load_spec(args.spec), additions_fn=_load_test_support()), _to_stderr)
 
 

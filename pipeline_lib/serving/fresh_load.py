@@ -10,6 +10,7 @@ predictions, or the error with its traceback's tail.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.abc
 import json
 import os
@@ -90,9 +91,15 @@ def wait_for_request() -> None:
     it is needed). At end of input it ends quietly (the caller went away or had nothing to check). The tracking URI
     and the environment come this way, not in a file: they may hold passwords."""
     sys.meta_path.insert(0, WithoutTfdag())
+    # The imports with the cyclic collector off, then what they made out of its reach: what `core.startup.imports`
+    # does in tfdag's processes, which this one cannot import.
+    gc.disable()
     import mlflow.pyfunc  # imported while the run still trains, not when its model is checked
     import pandas  # noqa: F401
     import tensorflow  # noqa: F401
+
+    gc.freeze()
+    gc.enable()
 
     for line in iter(sys.stdin.readline, ""):
         message = json.loads(line)
