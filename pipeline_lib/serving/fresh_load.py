@@ -83,6 +83,18 @@ def main(request_path: str) -> None:
         json.dump(results, handle)
 
 
+def _map_installed_packages() -> None:
+    """What `mlflow.pyfunc.load_model` does first, made while the run still trains: it checks the model's
+    requirements against this environment, and its first check maps every installed distribution to its modules (a
+    scan of their files, about a second). The map is only a cache of what is installed, so the check's outcome is the
+    same; a failure here is left to the check to meet."""
+    import mlflow
+    from mlflow.utils.requirements_utils import warn_dependency_requirement_mismatches
+
+    with contextlib.suppress(Exception):
+        warn_dependency_requirement_mismatches([f"mlflow=={mlflow.__version__}"])
+
+
 def wait_for_request() -> None:
     """Started ahead of the check: import what the loaders need, then read JSON lines from stdin. A line
     with `tracking_uri` alone opens that tracking store ahead (the run's, sent at the start); the line with `request`
@@ -100,6 +112,7 @@ def wait_for_request() -> None:
 
     gc.freeze()
     gc.enable()
+    _map_installed_packages()
 
     for line in iter(sys.stdin.readline, ""):
         message = json.loads(line)

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from pipeline_lib.cluster.info import ClusterInfo
@@ -199,12 +200,21 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.warmup_steps = int(warmup_steps)
 
     def __call__(self, step):
+        if tf.executing_eagerly():  # the rate read for progress after each execution: arithmetic, not five ops
+            return self.rate_at(int(step))
         lr = tf.constant(self.learning_rate, tf.float32)
         if self.warmup_steps <= 0:
             return lr
         # optimizer.iterations counts applied updates, so update k+1 uses (k+1)/warmup of the rate.
         progress = tf.cast(step + 1, tf.float32) / float(self.warmup_steps)
         return lr * tf.minimum(1.0, progress)
+
+    def rate_at(self, step: int) -> float:
+        """The rate of the update after `step` updates, as the traced schedule computes it (in float32)."""
+        if self.warmup_steps <= 0:
+            return float(np.float32(self.learning_rate))
+        progress = np.float32(step + 1) / np.float32(self.warmup_steps)
+        return float(np.float32(self.learning_rate) * min(np.float32(1.0), progress))
 
     def get_config(self):
         return {"learning_rate": self.learning_rate, "warmup_steps": self.warmup_steps}

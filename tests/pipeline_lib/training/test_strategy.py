@@ -15,11 +15,15 @@ WITH_PS = ClusterInfo(task_type="chief", task_index=0,
                       cluster={"chief": ("127.0.0.1:1",), "worker": ("127.0.0.1:2",), "ps": ("127.0.0.1:3",)})
 
 
-def test_warmup_is_linear_then_constant():
-    schedule = strategies.WarmupSchedule(0.4, warmup_steps=4)
-    values = [float(schedule(tf.constant(step))) for step in range(7)]
-    np.testing.assert_allclose(values, [0.1, 0.2, 0.3, 0.4, 0.4, 0.4, 0.4], rtol=1e-6)
-    assert strategies.WarmupSchedule.from_config(schedule.get_config()).warmup_steps == 4
+@pytest.mark.parametrize("warmup_steps,expected", [(4, [0.1, 0.2, 0.3, 0.4, 0.4, 0.4, 0.4]), (0, [0.4] * 7)])
+def test_warmup_is_linear_then_constant_in_the_traced_step_and_where_progress_reads_it(warmup_steps, expected):
+    schedule = strategies.WarmupSchedule(0.4, warmup_steps=warmup_steps)
+    traced = tf.function(schedule)
+    in_graph = [float(traced(tf.constant(step, tf.int64))) for step in range(7)]
+    eager = [float(schedule(tf.Variable(step, dtype=tf.int64))) for step in range(7)]  # as optimizer.iterations
+    np.testing.assert_allclose(in_graph, expected, rtol=1e-6)
+    assert eager == in_graph  # the same float32 arithmetic, bit for bit
+    assert strategies.WarmupSchedule.from_config(schedule.get_config()).warmup_steps == warmup_steps
 
 
 def test_create_learning_rate_warms_up_the_scaled_rate():
