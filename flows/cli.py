@@ -49,25 +49,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         return _run_pipeline(args)
     finally:
-        fresh_process.discard_warm()  # the check's process `_start_model_check` started, when no check took it
+        fresh_process.discard_warm()  # the check's process `_load_run` started, when no check took it
 
 
 def _run_pipeline(args: argparse.Namespace) -> int:
-    from flows.stage_inputs import default_config, load
+    from flows.flow_config import default_config
     from pipeline_lib.core import startup
     from pipeline_lib.core.exit_codes import EXIT_NOT_BLESSED, EXIT_OK
     from pipeline_lib.launch.inputs import check_inputs
 
+    if not hasattr(args, "loaded"):  # main() loads it before TensorFlow's import; a caller of cmd_run may not have
+        _load_run(args)
+    if isinstance(args.loaded, Exception):  # no such config, no such run, or a changed config: before Prefect starts
+        raise args.loaded
+    config, _ = args.loaded
     # The flow gets the file's path, not its content: a Prefect parameter is stored by the server, and a
-    # config may carry storage options. Loading and checking it here first rejects bad input before Prefect starts.
+    # config may carry storage options. Checking it here first rejects bad input before Prefect starts.
     with startup.imports():
-        path = args.config or default_config()
-        config = load(path)
+        from pipeline_lib.core import native  # noqa: F401 - where the C loops did not build, the warning comes first
         check_inputs(config)
-        if args.resume:  # no such run, or a changed config: refused before Prefect starts
-            from pipeline_lib.tracking.stage_record import resume_point
-
-            resume_point(config, args.resume)
         from flows.pipeline import training_pipeline
         from flows.prefect_api import api_from_profile, choose_prefect_api
 
@@ -78,33 +78,34 @@ def _run_pipeline(args: argparse.Namespace) -> int:
     from flows import console
 
     with console.open_console(live=console.is_terminal(args.verbose)) as show:
-        summary = training_pipeline(path, resume=args.resume)
+        summary = training_pipeline(args.config or default_config(), resume=args.resume)
         show(console.summary_event(summary))
     if args.json:
         print(summary.model_dump_json())
     return EXIT_OK if summary.blessed else EXIT_NOT_BLESSED
 
 
-def _start_model_check(args: argparse.Namespace) -> None:
-    """`tfdag run`: when the run will check its model, the check's fresh process starts now, before this process
-    imports TensorFlow, so that the two imports overlap (the flow's `fresh_process.warmed` block takes it). A config
-    that does not load, or a run that cannot resume, starts nothing: `cmd_run` reports why."""
-    from flows.flow_config import DEFAULT_CONFIG
-    from pipeline_lib.config import load_config
+def _load_run(args: argparse.Namespace) -> None:
+    """`tfdag run`, before TensorFlow's import: the config loaded and, resuming, the run to resume found, once, into
+    `args.loaded` (the pair, or the error `_run_pipeline` raises). When the run will check its model, the check's fresh
+    process starts now, so that its imports overlap this process's (the flow's `fresh_process.warmed` takes it)."""
+    from flows.flow_config import load
     from pipeline_lib.serving import fresh_process
     from pipeline_lib.tracking.stage_record import model_check_due, resume_point
 
     try:
-        config = load_config(args.config or DEFAULT_CONFIG)
+        config = load(args.config)
         earlier = resume_point(config, args.resume)[1] if args.resume else None
-    except Exception:  # noqa: BLE001 - only ahead of time: cmd_run loads the config again and reports its error
+    except Exception as error:  # noqa: BLE001 - reported by _run_pipeline, through the CLI's handling of errors
+        args.loaded = error
         return
+    args.loaded = (config, earlier)
     if model_check_due(config, earlier):
         fresh_process.warm_up()  # the store not yet: the run may still have to create it (the flow's warm-up opens it)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from flows.stage_inputs import load
+    from flows.flow_config import load
     from pipeline_lib.config.tune_space import tune_of
     from pipeline_lib.core.exit_codes import EXIT_NOT_BLESSED, EXIT_OK
     from pipeline_lib.launch.inputs import check_inputs
@@ -136,7 +137,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from flows.stage_inputs import load
+    from flows.flow_config import load
     from pipeline_lib.cluster.check import validate_cluster
     from pipeline_lib.core.exit_codes import EXIT_OK
 
@@ -159,7 +160,7 @@ def cmd_validate_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from flows.stage_inputs import load
+    from flows.flow_config import load
     from pipeline_lib.core.exit_codes import EXIT_FAILURE, EXIT_OK
     from pipeline_lib.reproduce.rerun import reproduce
 
@@ -346,7 +347,7 @@ def _start_up(args: argparse.Namespace) -> None:
         # Before anything imports Prefect: its settings are read at import.
         args.prefect_api = choose_prefect_api()
     if args.command == "run":
-        _start_model_check(args)
+        _load_run(args)
     if args.command != "stack":  # every other command loads TensorFlow
         from pipeline_lib.core.quiet import import_tensorflow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline_lib.config import ConfigError, PipelineConfig, resolve_config
+from pipeline_lib.config import ConfigError, PipelineConfig, load_config, resolve_config
 from pipeline_lib.config.pipeline import is_inline
 from tasks import secrets as prefect_secrets
 
@@ -14,6 +14,17 @@ from tasks import secrets as prefect_secrets
 PREFECT_SECRET_SCHEME = prefect_secrets.SCHEME
 # The config of every flow and command given none: the bundled demo.
 DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "examples" / "digits.yaml")
+
+
+def default_config() -> str:
+    """The bundled examples/digits.yaml, which every command reads when given no config."""
+    return DEFAULT_CONFIG
+
+
+def load(path: str | None) -> PipelineConfig:
+    """The pipeline config at `path` (default: the bundled one), checked as it loads (`${prefect-secret:NAME}`
+    references resolved: this module registers them). Loads without TensorFlow."""
+    return load_config(path or default_config())
 
 
 def refuse_recorded_secrets(found: list[str], parameter: str, masked_parameters: dict[str, Any]) -> None:

@@ -55,7 +55,7 @@ def predict_config(args: argparse.Namespace):
     """The PredictConfig the arguments describe; an invalid one is a ConfigError naming the option."""
     from pydantic import ValidationError
 
-    from flows.stage_inputs import load
+    from flows.flow_config import load
     from pipeline_lib.config import ConfigError, PredictConfig
     from pipeline_lib.prediction.models import is_mlflow_uri
 

@@ -1,27 +1,17 @@
-"""What the CLI's stage commands start from, built one way: the config, its converted data, the shard plan."""
+"""What the CLI's stage commands start from, built one way: the config (`flow_config.load`, which resolves
+`${prefect-secret:NAME}` references too), its converted data, the shard plan."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import tasks.secrets  # noqa: F401 - registers `${prefect-secret:NAME}`: the stage commands resolve block references too
-from flows.flow_config import DEFAULT_CONFIG
-from pipeline_lib.config import PipelineConfig, load_config
+from flows.flow_config import load
+from pipeline_lib.config import PipelineConfig
 from pipeline_lib.data import demo as demo_data
 from pipeline_lib.data.convert import convert
 from pipeline_lib.data.manifest import Manifest
 from pipeline_lib.planning import sharding
 from pipeline_lib.training import strategy
-
-
-def default_config() -> str:
-    """The bundled examples/digits.yaml, which every command reads when given no config."""
-    return DEFAULT_CONFIG
-
-
-def load(path: str | None) -> PipelineConfig:
-    """The pipeline config at `path` (default: the bundled one), checked as it loads."""
-    return load_config(path or default_config())
 
 
 @dataclass(frozen=True)
