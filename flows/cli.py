@@ -69,7 +69,11 @@ def _run_pipeline(args: argparse.Namespace) -> int:
         from pipeline_lib.core import native  # noqa: F401 - where the C loops did not build, the warning comes first
         check_inputs(config)
         from flows.pipeline import training_pipeline
-        from flows.prefect_api import api_from_profile, choose_prefect_api
+        from flows.prefect_api import (
+            api_from_profile,
+            choose_prefect_api,
+            heartbeats_only_when_set,
+        )
 
     chosen = getattr(args, "prefect_api", None) or choose_prefect_api()  # main() chose it before Prefect's import
     print(f"tfdag | Prefect: {api_from_profile(chosen).describe()}", flush=True)
@@ -77,7 +81,7 @@ def _run_pipeline(args: argparse.Namespace) -> int:
     _hide_user_error_tracebacks(args.verbose)
     from flows import console
 
-    with console.open_console(live=console.is_terminal(args.verbose)) as show:
+    with console.open_console(live=console.is_terminal(args.verbose)) as show, heartbeats_only_when_set():
         summary = training_pipeline(args.config or default_config(), resume=args.resume)
         show(console.summary_event(summary))
     if args.json:
@@ -113,7 +117,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     config = load(args.config)
     tune_of(config)  # refused in one line (exit 2) before Prefect starts
     check_inputs(config)  # the launcher, the model factory, TF_CONFIG and storage, before Prefect starts
-    from flows.prefect_api import api_from_profile
+    from flows.prefect_api import api_from_profile, heartbeats_only_when_set
     from pipeline_lib.core import startup
 
     with startup.imports():
@@ -121,7 +125,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     print(f"tfdag | Prefect: {api_from_profile(args.prefect_api).describe()}", flush=True)
     _hide_user_error_tracebacks(args.verbose)
-    summary = tune_pipeline(args.config)
+    with heartbeats_only_when_set():
+        summary = tune_pipeline(args.config)
     counts = ", ".join(f"{n} {state}" for state, n in summary.trials.items())
     best = (f"best trial {summary.best_trial.number}: {summary.metric}={summary.best_trial.value:.4f} "
             f"{json.dumps(summary.best_trial.params)}" if summary.best_trial else "no trial completed")

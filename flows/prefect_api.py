@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,3 +93,25 @@ def api_from_profile(chosen: PrefectApi) -> PrefectApi:
     if settings.api.url:
         return PrefectApi("the active Prefect profile", settings.api.url)
     return chosen
+
+
+@contextlib.contextmanager
+def heartbeats_only_when_set() -> Iterator[None]:
+    """Within the block (a flow `tfdag` runs in its own process), Prefect's flow-run heartbeats only where the user set
+    their frequency (PREFECT_FLOWS_HEARTBEAT_FREQUENCY, in the environment or the Prefect profile).
+
+    Heartbeats feed Prefect's detection of crashed ("zombie") flow runs, which a user turns on with an automation and
+    that setting. Otherwise nothing reads them, and Prefect ends every flow run by waiting out its heartbeat thread's
+    current one-second sleep: up to a second of each short `tfdag run`. Flow runs a worker starts (deployments) keep
+    Prefect's default."""
+    from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        get_current_settings,
+        temporary_settings,
+    )
+
+    if "heartbeat_frequency" in get_current_settings().flows.model_fields_set:
+        yield
+        return
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield

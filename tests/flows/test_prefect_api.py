@@ -80,3 +80,33 @@ def test_a_running_stack_with_ray_gives_its_api_and_its_ray_address(tmp_path, tf
     assert "Ray: the stack's cluster at 127.0.0.2:6390" in chosen.describe()
     mine = {"RAY_ADDRESS": "10.0.0.5:6379"}
     assert choose_prefect_api(root, mine).ray_address is None and mine["RAY_ADDRESS"] == "10.0.0.5:6379"
+
+
+_HEARTBEATS = """
+from flows.prefect_api import heartbeats_only_when_set
+from prefect import flow
+from prefect.settings import get_current_settings
+
+
+@flow
+def frequency():  # what the flow run engine reads to start (or not) its heartbeat thread
+    return get_current_settings().flows.heartbeat_frequency
+
+
+with heartbeats_only_when_set():
+    print(frequency())
+print(get_current_settings().flows.heartbeat_frequency)
+"""
+
+
+@pytest.mark.parametrize("set_to", [None, "60"])
+def test_a_flow_tfdag_runs_sends_prefect_heartbeats_only_when_their_frequency_is_set(prefect_api, set_to):
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_HEARTBEAT_FREQUENCY")}
+    env.update(PREFECT_API_URL=prefect_api, **({"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": set_to} if set_to else {}))
+    done = subprocess.run([sys.executable, "-c", _HEARTBEATS], env=env, capture_output=True, text=True, timeout=300,
+                          check=True)
+    inside, after = done.stdout.split()[-2:]
+    if set_to is None:
+        assert inside == "None" and after != "None"  # off for the flow only; Prefect's default around it
+    else:
+        assert inside == after == set_to
