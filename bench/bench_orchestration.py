@@ -151,9 +151,9 @@ def run(rows: int = 0, width: int = 0, quick: bool = False, repeats: int = 5) ->
                bound="loading TensorFlow's shared libraries and Python modules; the fixed cost's budget is this plus "
                      f"{FIXED_BEYOND_IMPORT_S:g} s."),
         budget("tfdag run examples/digits.yaml, fixed cost beyond train() in a warm process (s)", fixed, fixed_budget,
-               bound="the fresh process's imports (TensorFlow's alone can take "
-                     "longer than the budget), the Prefect flow and task runs, the MLflow run, export, evaluation and registration, "
-                     "which train() in a warm process skips."),
+               bound="the fresh process's imports (TensorFlow's is the budget's first part), the first use of the "
+                     "training step (AutoGraph, tracing), the Prefect flow and task runs, the MLflow run, export, "
+                     "evaluation, the model check and registration, which train() in a warm process skips."),
         budget("tfdag run examples/digits.yaml wall time against a running Prefect server (s)", demo_s, WALL_BUDGET_S,
                bound="one Python process importing TensorFlow, Prefect and MLflow before the flow "
                      "starts, then training and the stages around it."),
