@@ -53,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_pipeline(args: argparse.Namespace) -> int:
-    from flows.flow_config import default_config
+    from flows.flow_config import DEFAULT_CONFIG
     from pipeline_lib.core import startup
     from pipeline_lib.core.exit_codes import EXIT_NOT_BLESSED, EXIT_OK
     from pipeline_lib.launch.inputs import check_inputs
@@ -82,7 +82,7 @@ def _run_pipeline(args: argparse.Namespace) -> int:
     from flows import console
 
     with console.open_console(live=console.is_terminal(args.verbose)) as show, heartbeats_only_when_set():
-        summary = training_pipeline(args.config or default_config(), resume=args.resume)
+        summary = training_pipeline(args.config or DEFAULT_CONFIG, resume=args.resume)
         show(console.summary_event(summary))
     if args.json:
         print(summary.model_dump_json())

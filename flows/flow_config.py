@@ -1,4 +1,5 @@
-"""A flow's `config` parameter: loaded, and refused when Prefect recorded it with a literal secret in it."""
+"""The pipeline config as commands and flows load it: `load` (a path, or the bundled demo), and a flow's `config`
+parameter, refused when Prefect recorded it with a literal secret in it."""
 
 from __future__ import annotations
 
@@ -16,15 +17,10 @@ PREFECT_SECRET_SCHEME = prefect_secrets.SCHEME
 DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "examples" / "digits.yaml")
 
 
-def default_config() -> str:
-    """The bundled examples/digits.yaml, which every command reads when given no config."""
-    return DEFAULT_CONFIG
-
-
 def load(path: str | None) -> PipelineConfig:
     """The pipeline config at `path` (default: the bundled one), checked as it loads (`${prefect-secret:NAME}`
     references resolved: this module registers them). Loads without TensorFlow."""
-    return load_config(path or default_config())
+    return load_config(path or DEFAULT_CONFIG)
 
 
 def refuse_recorded_secrets(found: list[str], parameter: str, masked_parameters: dict[str, Any]) -> None:

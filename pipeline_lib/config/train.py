@@ -115,11 +115,12 @@ class TrainConfig(_Frozen):
     """`process`: every task its own supervised worker process (the watchdog kills and restarts a hung one; a
     crash cannot take the flow down). `none`: one worker (`workers: 1`, no parameter servers, local launcher;
     anything else is refused) trains on a thread of the `train` task's own process, with no second Python
-    start and no second TensorFlow import (the demo uses it). Same heartbeat, progress, checkpoints and result; but a hang can only be asked to stop at the next
-    step boundary (one that does not stop fails the run instead of a restart beside it), SIGTERM and
-    `TFDAG_FAULT` act on processes only, `cpu_replicas` > 1 needs the CPU split before TensorFlow starts in
-    that process, and the worker's own log lines go to that process's log (the console), not through the
-    `train` task's Prefect log (its progress artifact and the supervisor's lines still do)"""
+    start and no second TensorFlow import (the demo uses it). Same heartbeat, progress, checkpoints and
+    result; but a hang can only be asked to stop at the next step boundary (one that does not stop fails the
+    run instead of a restart beside it), SIGTERM and `TFDAG_FAULT` act on processes only, `cpu_replicas` > 1
+    needs the CPU split before TensorFlow starts in that process, and the worker's own log lines go to that
+    process's log (the console), not through the `train` task's Prefect log (its progress artifact and the
+    supervisor's lines still do)"""
     ray: RayConfig = RayConfig()
     """The Ray cluster of train.launcher: ray (also the cluster data.engine: ray converts on)"""
     strategy: Strategy = Strategy.AUTO
