@@ -284,7 +284,10 @@ def test_sigkill_of_the_raylet_hosting_worker_1_restarts_on_the_survivor_and_a_s
     from pipeline_lib.config import parse_config
     from tests.flows.test_pipeline_flow import digits_config
 
-    values = digits_config(tmp_path, strategy="multi_worker_mirrored", cpu_replicas=None, workers=2, epochs=6,
+    # Long enough that the kill, sent once the chief saved step 20, lands mid-training: 6 epochs (126 steps) ended
+    # 1.7 s after step 20's checkpoint, before the lost raylet took its worker down. No early stop shortens it.
+    values = digits_config(tmp_path, strategy="multi_worker_mirrored", cpu_replicas=None, workers=2, epochs=20,
+                           early_stopping={"enabled": False},
                            checkpoint_every_steps=20, log_every_steps=10, max_restarts=3, launcher="ray",
                            ray={"address": ray_cluster.address, "node_ip_address": RAY_IP, "placement_timeout_s": 90,
                                 "resources_per_worker": {"CPU": 1, WORKER_NODE: 1}})
