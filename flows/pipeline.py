@@ -24,6 +24,7 @@ from pipeline_lib.core import runs, storage
 from pipeline_lib.data import demo as demo_data
 from pipeline_lib.data.manifest import Manifest, dataset_intact
 from pipeline_lib.data.validation import ValidationReport
+from pipeline_lib.evaluation import plots
 from pipeline_lib.evaluation.consolidation import ExportResult, verify_export
 from pipeline_lib.evaluation.report import EvalReport, GateDecision
 from pipeline_lib.launch import launchers
@@ -216,25 +217,30 @@ def finish_model(config: PipelineConfig, progress: RunLifecycle, prepared: Prepa
         verify=lambda kept: not verify_export(kept.export_dir, config.storage_options),
         record=lambda e: ({"export": e.export_dir}, {"export_files": files_digest(e.files),
                                                      "checkpoint_step": str(e.checkpoint_step)}))
-    report = progress.once("evaluate", EvalReport, lambda: stages.evaluate(
-        config, manifest, export.keras_path, storage.join(run_dir, "evaluation", "plots")))
-    champion = ChampionResult()
-    if config.tracking.enabled and config.tracking.registered_model:
-        # The champion of now, unless the gate decided before an earlier attempt stopped.
-        gate_decided = progress.earlier is not None and progress.earlier.finished("gate") is not None
-        champion = progress.once("evaluate_champion", ChampionResult, lambda: _champion(config, manifest),
-                                 verify=lambda _: gate_decided)
-    logged = validation = None
-    if logs_model(config, run_id):
-        # Logged, not registered: track registers it if the gate and the check allow.
-        logged = progress.once("log_model", LoggedModel,
-                               lambda: stages.log_model(config, run_id, export, manifest, report.metrics),
-                               record=lambda m: ({"model": m.model_uri}, {}))
-    if config.evaluation.validate_model:
-        validation = progress.once("validate_model", ModelValidation,
-                                   lambda: stages.validate_model(config, manifest, export, logged, run_id))
-    decision = progress.once("gate", GateDecision, lambda: stages.gate(
-        config, report, champion.report, champion.version, validation))
+    plots_dir = storage.join(run_dir, "evaluation", "plots")
+    # Its plots are drawn in the background while the model is logged and checked, and written before track logs them
+    # (a kept evaluation whose plots were not written is evaluated again).
+    report = progress.once("evaluate", EvalReport,
+                           lambda: stages.evaluate(config, manifest, export.keras_path, plots_dir, plots_later=True),
+                           verify=lambda kept: plots.all_written(kept.plots, config.storage_options))
+    with plots.written_after(plots_dir):
+        champion = ChampionResult()
+        if config.tracking.enabled and config.tracking.registered_model:
+            # The champion of now, unless the gate decided before an earlier attempt stopped.
+            gate_decided = progress.earlier is not None and progress.earlier.finished("gate") is not None
+            champion = progress.once("evaluate_champion", ChampionResult, lambda: _champion(config, manifest),
+                                     verify=lambda _: gate_decided)
+        logged = validation = None
+        if logs_model(config, run_id):
+            # Logged, not registered: track registers it if the gate and the check allow.
+            logged = progress.once("log_model", LoggedModel,
+                                   lambda: stages.log_model(config, run_id, export, manifest, report.metrics),
+                                   record=lambda m: ({"model": m.model_uri}, {}))
+        if config.evaluation.validate_model:
+            validation = progress.once("validate_model", ModelValidation,
+                                       lambda: stages.validate_model(config, manifest, export, logged, run_id))
+        decision = progress.once("gate", GateDecision, lambda: stages.gate(
+            config, report, champion.report, champion.version, validation))
     report = report.model_copy(update={"gate": decision})
 
     version = None

@@ -211,9 +211,11 @@ def consolidate_checkpoints(config: PipelineConfig, manifest: Manifest, train_re
 
 
 @task(cache_policy=NO_CACHE, name="evaluate")
-def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, plots_dir: str | None = None) -> EvalReport:
-    """Metrics, metrics per slice and the plots (PNG under `plots_dir`) of the exported model on the eval split."""
-    report = evaluation.evaluate(config, manifest, model_path, plots_dir=plots_dir)
+def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, plots_dir: str | None = None,
+             plots_later: bool = False) -> EvalReport:
+    """Metrics, metrics per slice and the plots (PNG under `plots_dir`) of the exported model on the eval split; with
+    `plots_later`, the plots are still drawn when it returns (`evaluation.plots.wait_for` writes them)."""
+    report = evaluation.evaluate(config, manifest, model_path, plots_dir=plots_dir, plots_later=plots_later)
     create_markdown_artifact(report.to_markdown(), key=_key(f"{config.name}-evaluation"),
                              description="Evaluation on the eval split")
     create_table_artifact([{"metric": k, "value": round(v, 6),

@@ -146,7 +146,8 @@ def evaluate_model(model: keras.Model, manifest: Manifest, task: Task | str, *, 
                    batch_size: int = DEFAULT_BATCH_SIZE, model_path: str | None = None,
                    slices: Sequence[SliceSpec] = (), plots_dir: str | None = None,
                    storage_options: Mapping[str, Any] | None = None,
-                   trivial: TrivialPredictor | None = None, metrics: Sequence[str] | None = None) -> EvalReport:
+                   trivial: TrivialPredictor | None = None, metrics: Sequence[str] | None = None,
+                   plots_later: bool = False) -> EvalReport:
     """Score an in-memory model on a split of the manifest (the retrain flow scores its champion so).
 
     Args:
@@ -161,6 +162,8 @@ def evaluate_model(model: keras.Model, manifest: Manifest, task: Task | str, *, 
         storage_options: fsspec options for `plots_dir`.
         trivial: the trivial predictor (`evaluation.trivial`), scored on the same split into `EvalReport.baseline`.
         metrics: the metrics to report (`evaluation.metrics`), in that order; default every metric of the task.
+        plots_later: return once the metrics are computed, while the plots are still drawn in the background
+            (`plots.draw`): `plots.wait_for(plots_dir)` writes them. By default they are written before it returns.
 
     Returns:
         The EvalReport, without a gate verdict.
@@ -188,6 +191,8 @@ def evaluate_model(model: keras.Model, manifest: Manifest, task: Task | str, *, 
             class_names = list(vocabulary)
     else:
         scores, matrix = regression_metrics(labels, outputs), None
+    # Drawn beside the rest of the evaluation (and, with plots_later, beside what the caller does next).
+    drawing = plots.draw(task, labels, outputs, class_names, plots_dir, storage_options) if plots_dir else None
 
     def score(part_labels: np.ndarray, part_outputs: np.ndarray) -> dict[str, float]:
         if task == Task.CLASSIFICATION:
@@ -204,9 +209,8 @@ def evaluate_model(model: keras.Model, manifest: Manifest, task: Task | str, *, 
 
     sliced = slicing.compute_slices(slices, columns, labels, outputs, score)
     written = {}
-    if plots_dir is not None:
-        written = plots.write_plots(plots.evaluation_figures(task, labels, outputs, class_names), plots_dir,
-                                    storage_options)
+    if drawing is not None:
+        written = plots.pending(drawing) if plots_later else drawing.wait()
     return EvalReport(task=task.value, split=split, metrics=scores, confusion_matrix=matrix,
                       class_names=class_names, num_examples=len(labels), model_path=model_path, slices=sliced,
                       plots=written, baseline=baseline,
@@ -234,7 +238,8 @@ def load_model(model_path: str, storage_options: dict[str, Any] | None = None) -
 
 
 def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, *,
-             batch_size: int = DEFAULT_BATCH_SIZE, plots_dir: str | None = None) -> EvalReport:
+             batch_size: int = DEFAULT_BATCH_SIZE, plots_dir: str | None = None,
+             plots_later: bool = False) -> EvalReport:
     """Evaluate an exported `.keras` model on the eval split (the gate is `evaluation.gate.apply_gate`, after).
 
     The metrics of `evaluation.metrics` (by default the task's: classification loss, accuracy, auc, with the
@@ -246,6 +251,7 @@ def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, *,
         manifest: the dataset manifest.
         model_path: the `.keras` file (local path or fsspec URI).
         batch_size: records per batch.
+        plots_dir: where the plots go (see `evaluate_model`, as `plots_later`).
 
     Returns:
         The EvalReport, its `baseline` the trivial predictor's metrics, without a gate decision.
@@ -261,4 +267,4 @@ def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, *,
     return evaluate_model(model, manifest, task, batch_size=batch_size, model_path=model_path,
                           slices=config.evaluation.slices, plots_dir=plots_dir,
                           storage_options=config.storage_options, trivial=trivial,
-                          metrics=config.evaluation.metrics)
+                          metrics=config.evaluation.metrics, plots_later=plots_later)

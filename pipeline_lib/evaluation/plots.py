@@ -5,12 +5,24 @@ depend on the order of the rows.
 
 Figures are drawn on matplotlib's object API (no pyplot state, safe in any thread) and written as PNG files, which
 MLflow shows as images in the run's artifacts (what `mlflow.log_figure` writes).
+
+`draw` renders them in a forked child process while its caller goes on (the flow logs and checks the model
+meanwhile), and `Drawing.wait` writes what the child rendered: drawing is CPU-bound Python, which a thread would
+run under its caller's lock (the GIL). The child only renders: it touches neither TensorFlow nor storage, and returns
+the PNG bytes through a temporary file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
-from collections.abc import Mapping, Sequence
+import logging
+import os
+import pickle
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,8 +38,16 @@ from sklearn.metrics import (
 
 from pipeline_lib.config import Task
 from pipeline_lib.core import storage
+from pipeline_lib.core.errors import TfdagError
+
+logger = logging.getLogger(__name__)
 
 CALIBRATION_BINS = 10
+# What each task draws, by name (`evaluation_figures`): a drawing in the background names its files ahead.
+FIGURE_NAMES = {Task.CLASSIFICATION: ("confusion_matrix", "roc", "precision_recall", "calibration"),
+                Task.REGRESSION: ("predictions_vs_targets", "residuals")}
+# How long `Drawing.wait` waits for its child before it kills it: drawing takes about a second.
+DRAW_TIMEOUT_S = 300.0
 # One-vs-rest curves past this many classes would be unreadable: the most frequent classes are drawn.
 MAX_CURVES = 10
 
@@ -142,15 +162,153 @@ def evaluation_figures(task: Task, labels: np.ndarray, outputs: np.ndarray,
             "calibration": _calibration_figure(labels, probs)}
 
 
+def _png(figure: Figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    return buffer.getvalue()
+
+
+def _write_pngs(pngs: Mapping[str, bytes], directory: str,
+                storage_options: Mapping[str, Any] | None) -> dict[str, str]:
+    written = {}
+    for name, png in pngs.items():
+        uri = storage.join(directory, f"{name}.png")
+        fs, path = storage.get_fs(uri, dict(storage_options or {}))
+        storage.write_bytes_atomic(fs, path, png)
+        written[name] = uri
+    return written
+
+
 def write_plots(figures: Mapping[str, Figure], directory: str,
                 storage_options: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Each figure as `<directory>/<name>.png` (any fsspec URI); returns name → URI."""
-    written = {}
-    for name, figure in figures.items():
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=110)
-        uri = storage.join(directory, f"{name}.png")
+    return _write_pngs({name: _png(figure) for name, figure in figures.items()}, directory, storage_options)
+
+
+class PlotError(TfdagError, RuntimeError):
+    """Drawing the evaluation plots failed; the message holds the drawing's own error."""
+
+
+class Drawing:
+    """The plots of one evaluation, rendered by a forked child while the caller goes on (inline where the platform
+    cannot fork). `uris` are known at once; `wait` writes the files there and returns them."""
+
+    def __init__(self, render: Callable[[], Mapping[str, Figure]], names: Sequence[str], directory: str,
+                 storage_options: Mapping[str, Any] | None = None):
+        self.directory = directory
+        self.storage_options = storage_options
+        self.uris = {name: storage.join(directory, f"{name}.png") for name in names}
+        self._written: dict[str, str] | None = None
+        self._pid: int | None = None
+        self._result = tempfile.TemporaryFile()  # noqa: SIM115 - closed by wait()
+        if not hasattr(os, "fork"):
+            self._outcome = self._render(render)
+            return
+        pid = os.fork()
+        if pid == 0:  # the child: render, leave the outcome in the file, end without the parent's exit handlers
+            code = 1
+            try:
+                pickle.dump(self._render(render), self._result)
+                self._result.flush()
+                code = 0
+            finally:
+                os._exit(code)
+        self._pid = pid
+
+    @staticmethod
+    def _render(render: Callable[[], Mapping[str, Figure]]) -> tuple[str, Any]:
+        try:
+            return "ok", {name: _png(figure) for name, figure in render().items()}
+        except Exception as error:  # noqa: BLE001 - reported by wait(), in the caller
+            return "error", "".join(traceback.format_exception(error))[-3000:]
+
+    def _collect(self, timeout_s: float) -> tuple[str, Any]:
+        if self._pid is None:
+            return self._outcome
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pid, status = os.waitpid(self._pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                os.kill(self._pid, 9)
+                os.waitpid(self._pid, 0)
+                self._pid = None
+                return "error", f"the drawing process ran past {timeout_s:g} s and was killed"
+            time.sleep(0.01)
+        self._pid = None
+        self._result.seek(0)
+        try:
+            return pickle.load(self._result)
+        except EOFError:
+            return "error", f"the drawing process ended without a result ({os.waitstatus_to_exitcode(status)})"
+
+    def wait(self, timeout_s: float = DRAW_TIMEOUT_S) -> dict[str, str]:
+        """Write the rendered plots under the directory (once) and return name → URI.
+
+        Raises:
+            PlotError: naming the directory and the drawing's error (its traceback's tail).
+        """
+        if self._written is None:
+            kind, value = self._collect(timeout_s)
+            self._result.close()
+            if kind != "ok":
+                raise PlotError(f"drawing the evaluation plots for {self.directory} failed: {value}")
+            if set(value) != set(self.uris):
+                raise PlotError(f"the evaluation plots drawn for {self.directory} were {sorted(value)}, "
+                                f"not the {sorted(self.uris)} their files were named for")
+            self._written = _write_pngs(value, self.directory, self.storage_options)
+        return self._written
+
+
+def draw(task: Task, labels: np.ndarray, outputs: np.ndarray, class_names: Sequence[str] | None, directory: str,
+         storage_options: Mapping[str, Any] | None = None) -> Drawing:
+    """Start drawing `evaluation_figures` under `directory` in the background (see `Drawing`)."""
+    return Drawing(lambda: evaluation_figures(task, labels, outputs, class_names), FIGURE_NAMES[Task(task)],
+                   directory, storage_options)
+
+
+
+# The drawings `pending` handed over, by directory, until `wait_for` writes them.
+_pending: dict[str, Drawing] = {}
+
+
+def pending(drawing: Drawing) -> dict[str, str]:
+    """Leave `drawing` to `wait_for(drawing.directory)`; its files' URIs, name → URI (not written yet)."""
+    _pending[drawing.directory] = drawing
+    return dict(drawing.uris)
+
+
+def wait_for(directory: str) -> None:
+    """Write the plots still drawn for `directory` (`pending`); nothing when none are.
+
+    Raises:
+        PlotError: see `Drawing.wait`.
+    """
+    drawing = _pending.pop(directory, None)
+    if drawing is not None:
+        drawing.wait()
+
+
+@contextlib.contextmanager
+def written_after(directory: str) -> Iterator[None]:
+    """Run the block while the plots of `directory` are drawn, then write them (`wait_for`). When the block raises,
+    its error is the one raised: a failed drawing is then only logged."""
+    try:
+        yield
+    except BaseException:
+        try:
+            wait_for(directory)
+        except PlotError as error:
+            logger.warning("%s", error)
+        raise
+    wait_for(directory)
+
+
+def all_written(uris: Mapping[str, str], storage_options: Mapping[str, Any] | None = None) -> bool:
+    """Whether every plot file exists (a kept evaluation whose plots were never written is evaluated again)."""
+    for uri in uris.values():
         fs, path = storage.get_fs(uri, dict(storage_options or {}))
-        storage.write_bytes_atomic(fs, path, buffer.getvalue())
-        written[name] = uri
-    return written
+        if not fs.exists(path):
+            return False
+    return True

@@ -151,6 +151,8 @@ def test_a_run_killed_mid_training_then_cut_off_from_mlflow_at_registration_resu
     assert "finish the run where it stopped with `tfdag run CONFIG --resume`" in last
     assert "Traceback" not in err, err[-3000:]
 
+    # A kept evaluation whose plots are gone (written after the stage returned: `plots.written_after`) runs again.
+    (_record(runs)[0] / "evaluation" / "plots" / "roc.png").unlink()
     start_mlflow()
     process = _tfdag(env, str(config), "--resume")
     out, err = process.communicate(timeout=600)
@@ -164,6 +166,8 @@ def test_a_run_killed_mid_training_then_cut_off_from_mlflow_at_registration_resu
     train = json.loads((run_dir / "stages" / "train.json").read_text())
     assert train["start_step"] > 0, "training went on from its checkpoint"
     finished = [s.name for s in record.stages if s.status == StageStatus.FINISHED and s.name not in EVERY_ATTEMPT]
+    assert finished.count("evaluate") == 2 and (run_dir / "evaluation" / "plots" / "roc.png").is_file()
+    finished.remove("evaluate")
     assert len(finished) == len(set(finished)), f"a stage that finished ran again: {finished}"
     names = [s.name for s in record.stages]
     assert names.count("reopen_tracking_run") == len(KILLS) + 1 and names.count("track") == 2
@@ -175,6 +179,7 @@ def test_a_run_killed_mid_training_then_cut_off_from_mlflow_at_registration_resu
     [run] = client.search_runs([experiment_id])
     assert run.info.run_id == summary["mlflow_run_id"] and run.info.status == "FINISHED"
     assert "tfdag.failed_stage" not in run.data.tags
+    assert "evaluation/plots/roc.png" in {a.path for a in client.list_artifacts(run.info.run_id, "evaluation/plots")}
     [version] = client.search_model_versions(f"name = '{MODEL_NAME}-{tmp_path.name}'")
     assert (version.version, version.run_id) == ("1", run.info.run_id) and summary["model_version"] == "1"
     # A model a kill left pending was marked failed and logged again: one READY model, none pending.
