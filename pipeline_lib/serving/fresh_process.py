@@ -81,11 +81,22 @@ class FreshProcess:
         changed = _changed_at_import(self.environment, _fresh_environment())
         return f"the environment changed since it started, at {', '.join(changed)}" if changed else None
 
+    def send(self, request_path: str, tracking_uri: str | None) -> None:
+        """Send the request: the process runs it at once (`finish` waits for it)."""
+        message = {"request": request_path, "tracking_uri": tracking_uri, "environment": _fresh_environment()}
+        with contextlib.suppress(OSError):  # a process that died: `finish` reports it, with its output
+            self.popen.stdin.write(json.dumps(message) + "\n")
+            self.popen.stdin.flush()
+
     def check(self, request_path: str, tracking_uri: str | None, timeout_s: float) -> str:
-        """Send the request and wait for the process to end; its output (for an error's tail)."""
+        """Send the request and wait for the process to end (`finish`)."""
+        self.send(request_path, tracking_uri)
+        return self.finish(timeout_s)
+
+    def finish(self, timeout_s: float) -> str:
+        """Wait for the process to end, its request sent; its output (for an error's tail)."""
         try:
-            message = {"request": request_path, "tracking_uri": tracking_uri, "environment": _fresh_environment()}
-            self.popen.communicate(json.dumps(message) + "\n", timeout=timeout_s)
+            self.popen.communicate(timeout=timeout_s)
             self.output.seek(0)
             return f"exit {self.popen.returncode}: {self.output.read().strip()[-1500:]}"
         except subprocess.TimeoutExpired:

@@ -19,7 +19,7 @@ import os
 import pickle
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -170,14 +170,15 @@ def _local_copy(uri: str, storage_options: Mapping[str, Any] | None, stack: cont
     return local
 
 
-def run_fresh_process(saved_model_dir: str, model_uri: str | None, tracking_uri: str | None,
-                      frame: pd.DataFrame, tensors: Mapping[str, np.ndarray], probability_columns: Sequence[str],
-                      timeout_s: float) -> dict[str, dict[str, Any]]:
-    """`fresh_load.py` on these rows in a new interpreter (the one `warm_up` started, when there is one); its
-    result per loader.
+@contextlib.contextmanager
+def fresh_process_results(saved_model_dir: str, model_uri: str | None, tracking_uri: str | None,
+                          frame: pd.DataFrame, tensors: Mapping[str, np.ndarray], probability_columns: Sequence[str],
+                          timeout_s: float) -> Iterator[Callable[[], dict[str, dict[str, Any]]]]:
+    """`fresh_load.py` on these rows in a new interpreter (the one `warm_up` started, when there is one), sent on
+    entry: the block goes on while it loads, and calls what it gets for the result per loader.
 
     Raises:
-        RuntimeError: the process did not write a result (it crashed or ran past `timeout_s`).
+        RuntimeError: (from the call) the process did not write a result (it crashed or ran past `timeout_s`).
     """
     with tempfile.TemporaryDirectory(prefix="tfdag-model-check-") as work:
         request = {"saved_model_dir": os.path.abspath(saved_model_dir), "model_uri": model_uri,
@@ -187,11 +188,20 @@ def run_fresh_process(saved_model_dir: str, model_uri: str | None, tracking_uri:
             pickle.dump({"frame": frame, "tensors": dict(tensors)}, handle)
         with open(os.path.join(work, "request.json"), "w") as handle:
             json.dump(request, handle)
-        output = fresh_process.take_process().check(os.path.join(work, "request.json"), tracking_uri, timeout_s)
-        if not os.path.exists(request["output_path"]):
-            raise RuntimeError(f"the fresh process ended without a result: {output}")
-        with open(request["output_path"]) as handle:
-            return json.load(handle)
+        process = fresh_process.take_process()
+        process.send(os.path.join(work, "request.json"), tracking_uri)
+
+        def results() -> dict[str, dict[str, Any]]:
+            output = process.finish(timeout_s)
+            if not os.path.exists(request["output_path"]):
+                raise RuntimeError(f"the fresh process ended without a result: {output}")
+            with open(request["output_path"]) as handle:
+                return json.load(handle)
+
+        try:
+            yield results
+        finally:
+            process.close()  # a block that raised before asking: the process ends before its files go
 
 
 def _rows_with_missing(frame: pd.DataFrame) -> int:
@@ -249,16 +259,18 @@ def validate_model(saved_model_dir: str, keras_path: str, logged_model_uri: str 
     tensors = tfdag_scoring.to_tensors(serving_spec(schema, task)["columns"], sample)
     with contextlib.ExitStack() as stack:
         local_saved = _local_copy(saved_model_dir, storage_options, stack)
-        model = keras.saving.load_model(_local_copy(keras_path, storage_options, stack), compile=False)
-        reference = reference_outputs(model, schema, task, tensors)
         for fn in before_check_fns:
             fn(local_saved)
         names = input_names(schema)
         by_input = {names[name]: value for name, value in tensors.items()}
         uris = {SAVED_MODEL_LOADER: saved_model_dir, PYFUNC_LOADER: logged_model_uri or ""}
+        fresh_results = stack.enter_context(fresh_process_results(
+            local_saved, logged_model_uri, tracking_uri, sample, by_input, probability_columns, timeout_s))
+        # The trained model's answer, computed while the fresh process loads the export.
+        model = keras.saving.load_model(_local_copy(keras_path, storage_options, stack), compile=False)
+        reference = reference_outputs(model, schema, task, tensors)
         try:
-            results = run_fresh_process(local_saved, logged_model_uri, tracking_uri, sample, by_input,
-                                        probability_columns, timeout_s)
+            results = fresh_results()
         except RuntimeError as error:
             results = {loader: {"ok": False, "error": str(error)} for loader in uris if uris[loader]}
     checks = tuple(_loader_check(loader, uris[loader], result, reference, tolerance)
