@@ -201,10 +201,12 @@ class Drawing:
         self._written: dict[str, str] | None = None
         self._pid: int | None = None
         self._result = tempfile.TemporaryFile()  # noqa: SIM115 - closed by wait()
-        if not hasattr(os, "fork"):
+        try:
+            pid = os.fork()
+        except (AttributeError, OSError) as error:  # no fork here, or no process to be had (EAGAIN, ENOMEM)
+            logger.debug("evaluation plots drawn in this process: cannot fork (%s)", error)
             self._outcome = self._render(render)
             return
-        pid = os.fork()
         if pid == 0:  # the child: render, leave the outcome in the file, end without the parent's exit handlers
             code = 1
             try:

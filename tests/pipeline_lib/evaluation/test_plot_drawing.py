@@ -90,3 +90,18 @@ def test_written_after_raises_the_blocks_error_not_a_failed_drawing(tmp_path, ca
         raise KeyError("the block's")
     assert "drawing the evaluation plots" in caplog.text
     plots.wait_for(directory)  # the failed drawing was taken: nothing is left pending
+
+
+def test_where_fork_fails_simulated_eagain_the_plots_are_drawn_in_this_process(tmp_path, monkeypatch):
+    labels, logits = _classification()
+    here = plots.write_plots(plots.evaluation_figures(Task.CLASSIFICATION, labels, logits), str(tmp_path / "here"))
+
+    def no_fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")  # what fork(2) gives at the process limit
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    drawing = plots.draw(Task.CLASSIFICATION, labels, logits, None, str(tmp_path / "inline"))
+    assert drawing._pid is None
+    written = drawing.wait()
+    assert {name: Path(uri).read_bytes() for name, uri in written.items()} == {
+        name: Path(uri).read_bytes() for name, uri in here.items()}
