@@ -19,6 +19,7 @@ import io
 import logging
 import os
 import pickle
+import signal
 import tempfile
 import time
 import traceback
@@ -46,7 +47,7 @@ CALIBRATION_BINS = 10
 # What each task draws, by name (`evaluation_figures`): a drawing in the background names its files ahead.
 FIGURE_NAMES = {Task.CLASSIFICATION: ("confusion_matrix", "roc", "precision_recall", "calibration"),
                 Task.REGRESSION: ("predictions_vs_targets", "residuals")}
-# How long `Drawing.wait` waits for its child before it kills it: drawing takes about a second.
+# How long `Drawing.wait` waits for its child before it kills it: far longer than drawing a few figures takes.
 DRAW_TIMEOUT_S = 300.0
 # One-vs-rest curves past this many classes would be unreadable: the most frequent classes are drawn.
 MAX_CURVES = 10
@@ -233,7 +234,7 @@ class Drawing:
             if pid:
                 break
             if time.monotonic() > deadline:
-                os.kill(self._pid, 9)
+                os.kill(self._pid, signal.SIGKILL)
                 os.waitpid(self._pid, 0)
                 self._pid = None
                 return "error", f"the drawing process ran past {timeout_s:g} s and was killed"
@@ -268,7 +269,6 @@ def draw(task: Task, labels: np.ndarray, outputs: np.ndarray, class_names: Seque
     """Start drawing `evaluation_figures` under `directory` in the background (see `Drawing`)."""
     return Drawing(lambda: evaluation_figures(task, labels, outputs, class_names), FIGURE_NAMES[Task(task)],
                    directory, storage_options)
-
 
 
 # The drawings `pending` handed over, by directory, until `wait_for` writes them.
