@@ -47,7 +47,7 @@ def _changed_at_import(before: Mapping[str, str], now: Mapping[str, str]) -> lis
 
 class FreshProcess:
     """`fresh_load.py` in a new interpreter (`python -I`, an empty working directory): it imports TensorFlow
-    and MLflow at once, then runs the one request `check` sends it. Its output goes to a temporary file, so a
+    and MLflow at once, then runs the one request `send` sends it. Its output goes to a temporary file, so a
     process that waits long never blocks on a full pipe; it ends at end of input, so it dies with its caller."""
 
     def __init__(self, tracking_uri: str | None = None) -> None:
@@ -68,14 +68,14 @@ class FreshProcess:
         if not tracking_uri or self.store_opened:
             return
         self.store_opened = True
-        with contextlib.suppress(OSError):  # a process that died at once: `check` reports it, with its output
+        with contextlib.suppress(OSError):  # a process that died at once: `finish` reports it, with its output
             self.popen.stdin.write(json.dumps({"tracking_uri": tracking_uri}) + "\n")
             self.popen.stdin.flush()
 
     def unusable(self) -> str | None:
         """Why this process cannot serve a check now, or None: it must still wait, started in the environment a
         process started now would get, but for MLflow's own variables (a run sets its HTTP retries once the process
-        waits; MLflow reads them when used): `check` sends the environment of now with the request."""
+        waits; MLflow reads them when used): `send` sends the environment of now with the request."""
         if self.popen.poll() is not None:
             return "it ended"
         changed = _changed_at_import(self.environment, _fresh_environment())
@@ -87,11 +87,6 @@ class FreshProcess:
         with contextlib.suppress(OSError):  # a process that died: `finish` reports it, with its output
             self.popen.stdin.write(json.dumps(message) + "\n")
             self.popen.stdin.flush()
-
-    def check(self, request_path: str, tracking_uri: str | None, timeout_s: float) -> str:
-        """Send the request and wait for the process to end (`finish`)."""
-        self.send(request_path, tracking_uri)
-        return self.finish(timeout_s)
 
     def finish(self, timeout_s: float) -> str:
         """Wait for the process to end, its request sent; its output (for an error's tail)."""
