@@ -251,7 +251,8 @@ def evaluate(config: PipelineConfig, manifest: Manifest, model_path: str, *,
         manifest: the dataset manifest.
         model_path: the `.keras` file (local path or fsspec URI).
         batch_size: records per batch.
-        plots_dir: where the plots go (see `evaluate_model`, as `plots_later`).
+        plots_dir: where to write the evaluation plots (see `evaluate_model`).
+        plots_later: return while the plots are still drawn (see `evaluate_model`).
 
     Returns:
         The EvalReport, its `baseline` the trivial predictor's metrics, without a gate decision.

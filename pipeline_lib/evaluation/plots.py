@@ -201,11 +201,14 @@ class Drawing:
         self.uris = {name: storage.join(directory, f"{name}.png") for name in names}
         self._written: dict[str, str] | None = None
         self._pid: int | None = None
-        self._result = tempfile.TemporaryFile()  # noqa: SIM115 - closed by wait()
+        # ("ok", name → PNG bytes) or ("error", why): set once, by the inline drawing or by `wait` from the child's.
+        self._outcome: tuple[str, Any] | None = None
+        self._result = tempfile.TemporaryFile()  # noqa: SIM115 - closed once the outcome is read
         try:
             pid = os.fork()
         except (AttributeError, OSError) as error:  # no fork here, or no process to be had (EAGAIN, ENOMEM)
             logger.debug("evaluation plots drawn in this process: cannot fork (%s)", error)
+            self._result.close()
             self._outcome = self._render(render)
             return
         if pid == 0:  # the child: render, leave the outcome in the file, end without the parent's exit handlers
@@ -225,36 +228,35 @@ class Drawing:
         except Exception as error:  # noqa: BLE001 - reported by wait(), in the caller
             return "error", "".join(traceback.format_exception(error))[-3000:]
 
-    def _collect(self, timeout_s: float) -> tuple[str, Any]:
-        if self._pid is None:
-            return self._outcome
+    def _child_outcome(self, timeout_s: float) -> tuple[str, Any]:
+        """The child's outcome, once it ended (killed past `timeout_s`)."""
         deadline = time.monotonic() + timeout_s
-        while True:
-            pid, status = os.waitpid(self._pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                os.kill(self._pid, signal.SIGKILL)
-                os.waitpid(self._pid, 0)
-                self._pid = None
-                return "error", f"the drawing process ran past {timeout_s:g} s and was killed"
-            time.sleep(0.01)
-        self._pid = None
-        self._result.seek(0)
         try:
-            return pickle.load(self._result)
-        except EOFError:
-            return "error", f"the drawing process ended without a result ({os.waitstatus_to_exitcode(status)})"
+            while not (ended := os.waitpid(self._pid, os.WNOHANG))[0]:
+                if time.monotonic() > deadline:
+                    os.kill(self._pid, signal.SIGKILL)
+                    os.waitpid(self._pid, 0)
+                    return "error", f"the drawing process ran past {timeout_s:g} s and was killed"
+                time.sleep(0.01)
+            self._result.seek(0)
+            try:
+                return pickle.load(self._result)
+            except EOFError:
+                return "error", f"the drawing process ended without a result ({os.waitstatus_to_exitcode(ended[1])})"
+        finally:
+            self._pid = None
+            self._result.close()
 
     def wait(self, timeout_s: float = DRAW_TIMEOUT_S) -> dict[str, str]:
         """Write the rendered plots under the directory (once) and return name → URI.
 
         Raises:
-            PlotError: naming the directory and the drawing's error (its traceback's tail).
+            PlotError: naming the directory and the drawing's error (its traceback's tail), on every call.
         """
+        if self._outcome is None:
+            self._outcome = self._child_outcome(timeout_s)
         if self._written is None:
-            kind, value = self._collect(timeout_s)
-            self._result.close()
+            kind, value = self._outcome
             if kind != "ok":
                 raise PlotError(f"drawing the evaluation plots for {self.directory} failed: {value}")
             if set(value) != set(self.uris):

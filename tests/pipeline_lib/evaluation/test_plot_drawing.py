@@ -49,6 +49,8 @@ def test_a_failed_drawing_is_raised_by_wait_with_its_own_error_and_nothing_is_wr
     assert str(tmp_path / "plots") in str(raised.value)
     assert "NaN" in str(raised.value)
     assert not (tmp_path / "plots").exists()
+    with pytest.raises(plots.PlotError, match="NaN"):  # asked again, the same error
+        drawing.wait()
 
 
 def test_a_drawing_past_its_timeout_is_killed_and_named(tmp_path):
